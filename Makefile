@@ -1,0 +1,42 @@
+# One-command set-up: `make demo` (creates .venv, installs, runs the CPU quickstart) and `make test`.
+PY ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+CONSTRAINTS := $(VENV)/constraints.txt
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-all lint bench clean
+
+setup: $(STAMP)
+
+# Torch goes first and is pinned through a constraints file, so that no later install pulls a CUDA build
+# onto a CPU machine. Where `nvidia-smi` sees a GPU, the default (CUDA) build is installed instead.
+$(STAMP): pyproject.toml setup.py
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(PIP) install -q "torch>=2.11"; \
+	else \
+	  $(PIP) install -q torch==2.13.0; \
+	fi
+	$(VPY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,pretrained,curation]"
+	touch $(STAMP)
+
+demo: setup
+	$(VPY) -m nemo_vfm.demo --out demo_output
+
+# -p no:cacheprovider keeps a fresh clone clean; exit code 5 (no tests collected) is a failure.
+test: setup
+	$(VPY) -m pytest -q -x --durations=15 -p no:cacheprovider tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check nemo_vfm recipes launchers tests bench
+
+bench: setup
+	$(VPY) bench/train_throughput.py --help
+
+clean:
+	rm -rf demo_output experiments .pytest_cache

@@ -1,0 +1,1 @@
+"""The ``vfm`` command line: one module per subcommand."""

@@ -1,0 +1,45 @@
+"""``vfm``: the command-line front door.
+
+Each subcommand lives in its own module under ``nemo_vfm.cli`` exposing ``add_arguments(parser)``
+and ``run(args) -> int``; modules are imported only when their subcommand runs, so ``vfm --help``
+stays fast. Training itself goes through ``launchers/train.py`` (NeMo-Run CLI); ``vfm train``
+forwards to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a subcommand by adding a module and a row here.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("nemo_vfm.cli.train", "train from a recipe factory (forwards to launchers/train.py)"),
+    "generate": ("nemo_vfm.cli.generate", "sample videos from a trained checkpoint"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="vfm", description="nemo-vfm: train video foundation models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    name = argv[0]
+    if name not in SUBCOMMANDS:
+        parser.error(f"unknown command {name!r}; choose one of: {', '.join(SUBCOMMANDS)}")
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    sub_parser = argparse.ArgumentParser(prog=f"vfm {name}", description=SUBCOMMANDS[name][1])
+    module.add_arguments(sub_parser)
+    args, rest = sub_parser.parse_known_args(argv[1:])
+    if rest and not getattr(module, "ACCEPTS_EXTRA", False):
+        sub_parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.extra = rest
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

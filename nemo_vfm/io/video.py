@@ -1,0 +1,115 @@
+"""Video files in and out through PyAV.
+
+Frames are uint8 numpy arrays ``[T, H, W, 3]`` (RGB). Tensors in the model world are float
+``[3, T, H, W]`` in [-1, 1]; :func:`tensor_to_frames` and :func:`frames_to_tensor` convert.
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+
+def tensor_to_frames(video_CTHW) -> np.ndarray:
+    """Float video ``[3, T, H, W]`` in [-1, 1] -> uint8 frames ``[T, H, W, 3]``."""
+    import torch
+
+    v = video_CTHW.detach().float().clamp(-1, 1).add(1).mul(127.5).round().to(torch.uint8)
+    return v.permute(1, 2, 3, 0).cpu().numpy()
+
+
+def frames_to_tensor(frames_THWC: np.ndarray):
+    """uint8 frames ``[T, H, W, 3]`` -> float video ``[3, T, H, W]`` in [-1, 1]."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(frames_THWC)).permute(3, 0, 1, 2).float().div(127.5).sub(1)
+
+
+def write_video(path: str | os.PathLike, frames_THWC: np.ndarray, fps: float = 8.0, codec: str = "libx264",
+                crf: int = 18) -> Path:
+    """Write uint8 frames ``[T, H, W, 3]`` to an mp4 (H.264, yuv420p), atomically.
+
+    H and W are padded up to even sizes (yuv420p needs them). The file appears under its final
+    name only once complete.
+    """
+    import av
+
+    path = Path(path)
+    frames = np.asarray(frames_THWC)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"write_video expects uint8 frames [T, H, W, 3], got {frames.dtype} {frames.shape}")
+    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
+    if pad_h or pad_w:
+        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with av.open(str(tmp), mode="w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height = frames.shape[2], frames.shape[1]
+        stream.pix_fmt = "yuv420p"
+        if codec == "libx264":
+            stream.options = {"crf": str(crf)}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    os.replace(tmp, path)
+    return path
+
+
+def write_gif(path: str | os.PathLike, frames_THWC: np.ndarray, fps: float = 8.0) -> Path:
+    """Write uint8 frames ``[T, H, W, 3]`` to a looping gif."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [Image.fromarray(f) for f in np.asarray(frames_THWC)]
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    os.replace(tmp, path)
+    return path
+
+
+def read_video(path: str | os.PathLike, max_frames: int | None = None) -> tuple[np.ndarray, float]:
+    """Decode a video file to uint8 frames ``[T, H, W, 3]`` and its frame rate.
+
+    Raises ``ValueError`` naming the file when it has no video stream or cannot be decoded.
+    """
+    import av
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"video file not found: {path}")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise ValueError(f"{path} has no video stream")
+            stream = container.streams.video[0]
+            fps = float(stream.average_rate or stream.guessed_rate or 0.0)
+            frames = []
+            for frame in container.decode(stream):
+                frames.append(frame.to_ndarray(format="rgb24"))
+                if max_frames is not None and len(frames) >= max_frames:
+                    break
+    except av.error.FFmpegError as e:
+        raise ValueError(f"cannot decode {path}: {e}") from e
+    if not frames:
+        raise ValueError(f"{path} contains no decodable frames")
+    return np.stack(frames), fps
+
+
+def grid(frames_NTHWC: np.ndarray, ncols: int | None = None, pad: int = 2) -> np.ndarray:
+    """Tile N videos ``[N, T, H, W, 3]`` into one ``[T, H', W', 3]`` grid video."""
+    n, t, h, w, c = frames_NTHWC.shape
+    ncols = ncols or int(np.ceil(np.sqrt(n)))
+    nrows = int(np.ceil(n / ncols))
+    out = np.full((t, nrows * (h + pad) + pad, ncols * (w + pad) + pad, c), 255, np.uint8)
+    for i in range(n):
+        r, col = divmod(i, ncols)
+        y, x = pad + r * (h + pad), pad + col * (w + pad)
+        out[:, y:y + h, x:x + w] = frames_NTHWC[i]
+    return out

@@ -1,0 +1,1 @@
+"""Video tokenizers (pixels <-> latents) and text encoders (captions -> embeddings)."""
