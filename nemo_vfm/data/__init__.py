@@ -1,0 +1,1 @@
+"""Training data: synthetic videos, latent datasets, Energon task encoders, packing."""
