@@ -1,0 +1,340 @@
+"""Context parallelism: each CP rank holds a contiguous slice of every sample's video tokens.
+
+Pieces (all autograd-aware, all work on gloo and NCCL):
+
+- :func:`split_tokens` / :func:`gather_tokens`: cut the token dimension into the local slice and
+  put it back together. Gradients follow the "partial gradient" rule: the gather's backward keeps
+  this rank's slice of the gradient (times ``grad_scale``) and the split's backward pads with
+  zeros, so parameters replicated over CP get this rank's share of the gradient; the data-parallel
+  reduction (FSDP or :func:`nemo_vfm.parallel.grads.sync_replicated_grads`) adds the shares up.
+- :func:`ring_attention`: every rank keeps its queries; key/value blocks travel around the ring
+  with point-to-point sends that overlap with the attention on the block at hand; partial results
+  are merged with their log-sum-exp. The backward sends key/value blocks around again, together
+  with their gradient accumulators, which arrive home after the last step.
+- :func:`ulysses_attention`: all-to-all from (all heads, local tokens) to (local heads, all
+  tokens), ordinary attention, and back. Needs heads divisible by CP.
+- Packed (THD) batches: pass ``segment_ids`` (B, S_local) int (see :func:`segment_ids_from_cu_seqlens`);
+  tokens attend only within their segment, across all CP ranks.
+
+Shapes: q, k, v, out (B, H, S_local, D); lse (B, H, S_local).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nemo_vfm.parallel import attention_ops
+
+
+# --------------------------------------------------------------------------------------------------
+# token split / gather
+# --------------------------------------------------------------------------------------------------
+class _SplitTokens(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        if x.shape[dim] % n:
+            raise ValueError(f"token dimension {x.shape[dim]} is not divisible by the {n} ranks it is split over.")
+        ctx.dim, ctx.n, ctx.r, ctx.full = dim, n, r, x.shape[dim]
+        return x.chunk(n, dim=dim)[r].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = list(grad.shape)
+        full[ctx.dim] = ctx.full
+        out = grad.new_zeros(full)
+        out.narrow(ctx.dim, ctx.r * grad.shape[ctx.dim], grad.shape[ctx.dim]).copy_(grad)
+        return out, None, None
+
+
+class _GatherTokens(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, grad_scale):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        ctx.dim, ctx.n, ctx.r, ctx.grad_scale = dim, n, r, grad_scale
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.chunk(ctx.n, dim=ctx.dim)[ctx.r]
+        if ctx.grad_scale != 1.0:
+            g = g * ctx.grad_scale
+        return g.contiguous(), None, None, None
+
+
+def split_tokens(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """This rank's contiguous slice of ``x`` along ``dim`` (backward: zero-padded gradient)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    return _SplitTokens.apply(x, dim, group)
+
+
+def gather_tokens(x: torch.Tensor, dim: int, group, grad_scale: float = 1.0) -> torch.Tensor:
+    """All ranks' slices concatenated along ``dim`` (backward: this rank's slice * ``grad_scale``)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    return _GatherTokens.apply(x, dim, group, grad_scale)
+
+
+def gather_no_grad(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Concatenate all ranks' slices (no autograd), e.g. segment ids."""
+    n = dist.get_world_size(group)
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def segment_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """(N+1,) cumulative lengths of N packed sequences -> (total,) segment index per token (-1 = padding)."""
+    total = int(cu_seqlens[-1]) if total is None else total
+    ids = torch.full((total,), -1, dtype=torch.long, device=cu_seqlens.device)
+    for i in range(len(cu_seqlens) - 1):
+        ids[int(cu_seqlens[i]) : int(cu_seqlens[i + 1])] = i
+    return ids
+
+
+def split_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    """THD layout under CP: this rank's 1/size slice of *every* packed sequence, concatenated.
+
+    Each sequence length must be divisible by ``size`` (pad sequences when packing). The local
+    cumulative lengths are ``cu_seqlens // size``.
+    """
+    parts = []
+    for i in range(len(cu_seqlens) - 1):
+        a, b = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
+        if (b - a) % size:
+            raise ValueError(f"packed sequence {i} has {b - a} tokens, not divisible by cp={size}; pad it.")
+        c = (b - a) // size
+        parts.append(x.narrow(dim, a + rank * c, c))
+    return torch.cat(parts, dim=dim)
+
+
+def _block_mask(seg_q: torch.Tensor | None, seg_k: torch.Tensor | None) -> torch.Tensor | None:
+    if seg_q is None:
+        return None
+    return (seg_q[:, None, :, None] == seg_k[:, None, None, :]) & (seg_q[:, None, :, None] >= 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# ring attention
+# --------------------------------------------------------------------------------------------------
+def _ring_exchange(t: torch.Tensor, group) -> tuple[list, torch.Tensor]:
+    """Start sending ``t`` to the next rank and receiving the previous rank's into a new buffer."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    nxt = dist.get_global_rank(group, (r + 1) % n)
+    prv = dist.get_global_rank(group, (r - 1) % n)
+    buf = torch.empty_like(t)
+    ops = [dist.P2POp(dist.isend, t, nxt, group), dist.P2POp(dist.irecv, buf, prv, group)]
+    return dist.batch_isend_irecv(ops), buf
+
+
+def _wait(works: list) -> None:
+    for w in works:
+        w.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, seg_all, group, scale, backend):
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        s_loc = q.shape[2]
+        seg_q = None if seg_all is None else seg_all[:, r * s_loc : (r + 1) * s_loc]
+        kv = torch.stack([k, v]).contiguous()
+        out = lse = aux0 = None
+        for step in range(n):
+            works = nxt = None
+            if step < n - 1:
+                works, nxt = _ring_exchange(kv, group)  # overlaps with the block attention below
+            j = (r - step) % n
+            seg_k = None if seg_all is None else seg_all[:, j * s_loc : (j + 1) * s_loc]
+            o_i, lse_i, aux = attention_ops.block_forward(
+                q, kv[0], kv[1], _block_mask(seg_q, seg_k), scale=scale, backend=backend
+            )
+            aux0 = aux0 if aux0 is not None else aux
+            out, lse = attention_ops.merge(out, lse, o_i, lse_i)
+            if works is not None:
+                _wait(works)
+                kv = nxt
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, seg_all)
+        ctx.group, ctx.scale, ctx.backend, ctx.aux = group, scale, backend, aux0
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, seg_all = ctx.saved_tensors
+        group = ctx.group
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        s_loc = q.shape[2]
+        seg_q = None if seg_all is None else seg_all[:, r * s_loc : (r + 1) * s_loc]
+        dout = dout.contiguous()
+        kv = torch.stack([k, v]).contiguous()
+        acc = torch.promote_types(q.dtype, torch.float32)
+        dq = torch.zeros_like(q, dtype=acc)
+        dkv = torch.zeros_like(kv, dtype=acc)
+        dkv_works = None
+        for step in range(n):
+            kv_works = kv_next = None
+            if step < n - 1:
+                kv_works, kv_next = _ring_exchange(kv, group)
+            j = (r - step) % n
+            seg_k = None if seg_all is None else seg_all[:, j * s_loc : (j + 1) * s_loc]
+            dq_i, dk_i, dv_i = attention_ops.block_backward(
+                dout, q, kv[0], kv[1], out, lse, _block_mask(seg_q, seg_k), ctx.aux,
+                scale=ctx.scale, backend=ctx.backend,
+            )
+            dq += dq_i
+            if dkv_works is not None:  # the accumulator of block j arrives from the previous rank
+                _wait(dkv_works)
+                dkv = dkv_next
+            dkv = dkv + torch.stack([dk_i, dv_i]).to(acc)
+            dkv_works, dkv_next = _ring_exchange(dkv.contiguous(), group)
+            if kv_works is not None:
+                _wait(kv_works)
+                kv = kv_next
+        _wait(dkv_works)  # after n hops every block's accumulator is back at its owner
+        dkv = dkv_next
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group,
+    *,
+    segment_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Exact softmax attention of local queries over all CP ranks' keys: (B, H, S_local, D).
+
+    ``segment_ids`` (B, S_local) int: packed sequences (-1 = padding, attends to nothing).
+    """
+    if dist.get_world_size(group) == 1:
+        mask = _block_mask(segment_ids, segment_ids)
+        return _local_attention(q, k, v, mask, scale, backend)
+    seg_all = None if segment_ids is None else gather_no_grad(segment_ids, 1, group)
+    return _RingAttention.apply(q, k, v, seg_all, group, scale, backend)
+
+
+def _local_attention(q, k, v, mask, scale, backend):
+    if mask is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return torch.nan_to_num(out) if q.device.type == "cpu" else out
+
+
+# --------------------------------------------------------------------------------------------------
+# all-to-all (Ulysses) attention
+# --------------------------------------------------------------------------------------------------
+def _a2a(x: torch.Tensor, group) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def _seq_to_heads(x: torch.Tensor, group) -> torch.Tensor:
+    """(B, H, S/n, D) -> (B, H/n, S, D)."""
+    n = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    x = x.reshape(b, n, h // n, s, d).permute(1, 0, 2, 3, 4)
+    x = _a2a(x, group)  # dim 0 now indexes the source rank = token block
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
+
+
+def _heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(B, H/n, S, D) -> (B, H, S/n, D)."""
+    n = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    x = x.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4)
+    x = _a2a(x, group)  # dim 0 now indexes the source rank = head block
+    return x.permute(1, 0, 2, 3, 4).reshape(b, n * h, s // n, d)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _seq_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _heads_to_seq(g, ctx.group), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _heads_to_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_to_heads(g, ctx.group), None
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group,
+    *,
+    segment_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+    inner=None,
+) -> torch.Tensor:
+    """All-to-all context parallel attention: (B, H, S_local, D) in and out; H divisible by CP.
+
+    ``inner(q, k, v, mask)`` computes full-sequence attention on H/CP heads (default SDPA).
+    """
+    n = dist.get_world_size(group)
+    if q.shape[1] % n:
+        raise ValueError(f"all-to-all context parallel needs heads ({q.shape[1]}) divisible by cp={n}.")
+    mask = None
+    if segment_ids is not None:
+        seg = gather_no_grad(segment_ids, 1, group) if n > 1 else segment_ids
+        mask = _block_mask(seg, seg)
+    if n > 1:
+        q, k, v = (_SeqToHeads.apply(t, group) for t in (q, k, v))
+    out = inner(q, k, v, mask) if inner is not None else _local_attention(q, k, v, mask, scale, "auto")
+    return _HeadsToSeq.apply(out, group) if n > 1 else out
+
+
+# --------------------------------------------------------------------------------------------------
+# drop-in attention cores
+# --------------------------------------------------------------------------------------------------
+class ContextParallelCore(nn.Module):
+    """Replaces a self-attention ``core`` (q, k, v (B, H, S_local, D), mask) under CP.
+
+    ``kind``: "ring" or "a2a". Token masks for packed sequences come through :attr:`segment_ids`
+    (B, S_local), which the model-level CP hook sets before the blocks run; a dense ``mask``
+    argument is not supported under CP (it would have to cover the global sequence).
+    """
+
+    def __init__(self, group, kind: str = "ring", *, backend: str = "auto", inner: nn.Module | None = None):
+        super().__init__()
+        if kind not in ("ring", "a2a"):
+            raise ValueError(f"kind must be 'ring' or 'a2a', got {kind!r}.")
+        self.group, self.kind, self.backend = group, kind, backend
+        self.inner = inner
+        self.segment_ids: torch.Tensor | None = None
+        self.scale: float | None = None
+
+    def forward(self, q, k, v, mask=None):
+        if mask is not None:
+            raise NotImplementedError(
+                "a dense attention mask under context parallelism is not supported; pass packed "
+                "sequences as segment ids (cu_seqlens) instead."
+            )
+        if self.kind == "ring":
+            return ring_attention(
+                q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, backend=self.backend
+            )
+        inner = None if self.inner is None else (lambda q_, k_, v_, m_: self.inner(q_, k_, v_, m_))
+        return ulysses_attention(q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, inner=inner)

@@ -1,0 +1,60 @@
+"""Run a function in N CPU processes joined by a gloo process group (for multi-process tests).
+
+``run_distributed(fn, world_size, *args)`` spawns ``world_size`` processes, calls
+``fn(rank, world_size, *args)`` in each after ``init_process_group("gloo")``, and returns the list
+of per-rank return values (anything ``torch.save`` can write). A failure in any rank raises here
+with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        torch.save({"ok": result}, os.path.join(out_dir, f"{rank}.pt"))
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0) -> list:
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes; return their results."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(
+            _entry, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size, join=False,
+            start_method="spawn",
+        )
+        try:
+            while not ctx.join(timeout=timeout):
+                pass
+        except Exception as exc:
+            errors = []
+            for r in range(world_size):
+                p = os.path.join(out_dir, f"{r}.pt")
+                if os.path.exists(p) and "error" in (d := torch.load(p, weights_only=False)):
+                    errors.append(f"rank {r}:\n{d['error']}")
+            raise RuntimeError("\n".join(errors) or str(exc)) from None
+        return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)["ok"] for r in range(world_size)]
