@@ -73,6 +73,10 @@ class DiTConfig:
         if self.num_layers < 1 or self.in_channels < 1:
             raise ValueError("DiTConfig.num_layers and in_channels must be >= 1")
 
+    def build(self, device: str | torch.device | None = None) -> DiT:
+        """The network for this config (see :func:`build_dit`)."""
+        return build_dit(self, device)
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads

@@ -1,0 +1,168 @@
+"""In-memory data modules for smoke runs, the CPU demo and benchmarks.
+
+- :class:`ShapesDataModule`: moving-shape videos (``synthetic_video.py``) with captions, encoded once
+  by a tokenizer and a text encoder, then served in a deterministic, resumable order.
+- :class:`MockLatentDataModule`: random latents and text embeddings of a given shape (throughput runs).
+
+Both serve batch dicts ``{latents (B, C, T, H, W), context (B, L, D), context_mask (B, L), fps (B,)}`` and
+keep a ``consumed_samples`` counter in the checkpoint, so a resumed run continues with exactly the
+samples the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
+
+
+class ResumableSampler(Sampler[int]):
+    """Endless indices: a fresh permutation of ``range(n)`` per epoch (seeded by ``(seed, epoch)``),
+    strided over data-parallel ranks, starting after ``start`` already-consumed samples (per rank)."""
+
+    def __init__(self, n: int, seed: int = 0, rank: int = 0, world_size: int = 1, start: int = 0):
+        self.n, self.seed, self.rank, self.world_size, self.start = n, seed, rank, world_size, start
+
+    def __iter__(self) -> Iterator[int]:
+        i = self.start * self.world_size + self.rank  # global position of this rank's next sample
+        while True:
+            epoch, pos = divmod(i, self.n)
+            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+            yield int(perm[pos])
+            i += self.world_size
+
+
+class _DictDataset(Dataset):
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+        self.n = len(next(iter(tensors.values())))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.tensors.items()}
+
+
+class _ResumableDataModule(L.LightningDataModule):
+    """Shared loader logic: a resumable sampler over an in-memory dataset."""
+
+    batch_size: int
+    seed: int
+    num_workers: int = 0
+
+    def __init__(self):
+        super().__init__()
+        self._start = 0
+        self.dataset: _DictDataset | None = None
+
+    def _rank_world(self) -> tuple[int, int]:
+        t = self.trainer
+        return (t.global_rank, t.world_size) if t is not None else (0, 1)
+
+    def train_dataloader(self):
+        rank, world = self._rank_world()
+        sampler = ResumableSampler(len(self.dataset), self.seed, rank, world, self._start)
+        return DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                          drop_last=True, persistent_workers=self.num_workers > 0)
+
+    def state_dict(self) -> dict:
+        t = self.trainer
+        consumed = t.global_step * t.accumulate_grad_batches * self.batch_size if t is not None else 0
+        return {"consumed_samples_per_rank": consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._start = int(state.get("consumed_samples_per_rank", 0))
+
+
+class ShapesDataModule(_ResumableDataModule):
+    """``num_clips`` moving-shape clips of ``num_frames x height x width`` pixels, tokenized once.
+
+    ``tokenizer``/``text_encoder`` are registry names with ``*_kwargs``; they are also what
+    ``vfm generate`` rebuilds to decode samples and encode prompts.
+    """
+
+    def __init__(self, *, num_clips: int = 256, num_frames: int = 8, height: int = 32, width: int = 32,
+                 fps: float = 8.0, batch_size: int = 8, seed: int = 0, tokenizer: str = "identity",
+                 tokenizer_kwargs: dict | None = None, text_encoder: str = "hash",
+                 text_encoder_kwargs: dict | None = None, num_workers: int = 0):
+        super().__init__()
+        self.save_hyperparameters()
+        if num_clips < batch_size:
+            raise ValueError(f"ShapesDataModule.num_clips ({num_clips}) must be >= batch_size ({batch_size})")
+        self.num_clips, self.num_frames, self.height, self.width, self.fps = num_clips, num_frames, height, width, fps
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.tokenizer_spec = {"name": tokenizer, "kwargs": dict(tokenizer_kwargs or {})}
+        self.text_encoder_spec = {"name": text_encoder, "kwargs": dict(text_encoder_kwargs or {})}
+        self.tokenizer = self.text_encoder = None
+        self.captions: list[str] = []
+
+    def build_encoders(self):
+        from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
+
+        if self.tokenizer is None:
+            self.tokenizer = build_tokenizer(self.tokenizer_spec["name"], **self.tokenizer_spec["kwargs"])
+            self.text_encoder = build_text_encoder(self.text_encoder_spec["name"], **self.text_encoder_spec["kwargs"])
+        return self.tokenizer, self.text_encoder
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        tok, _ = self.build_encoders()
+        return (tok.latent_channels, *tok.latent_shape(self.num_frames, self.height, self.width))
+
+    @property
+    def context_dim(self) -> int:
+        return self.build_encoders()[1].dim
+
+    def setup(self, stage: str | None = None):
+        if self.dataset is not None:
+            return
+        from nemo_vfm.data.synthetic_video import ShapeClipSpec, make_clip
+        from nemo_vfm.io.video import frames_to_tensor
+
+        tok, text = self.build_encoders()
+        tok.latent_shape(self.num_frames, self.height, self.width)  # fail early on sizes the tokenizer rejects
+        spec = ShapeClipSpec(num_frames=self.num_frames, height=self.height, width=self.width)
+        latents, captions = [], []
+        with torch.no_grad():
+            for i in tqdm(range(self.num_clips), desc="encoding synthetic clips", leave=False):
+                clip = make_clip(spec, self.seed, i)
+                latents.append(tok.encode(frames_to_tensor(clip.frames)[None])[0])
+                captions.append(clip.caption)
+        context, mask = text.encode(captions)
+        self.captions = captions
+        self.dataset = _DictDataset({"latents": torch.stack(latents).float(), "context": context,
+                                     "context_mask": mask, "fps": torch.full((self.num_clips,), float(self.fps))})
+
+
+class MockLatentDataModule(_ResumableDataModule):
+    """Random latents ``(C, T, H, W)`` and text embeddings ``(L, D)``: for throughput runs and smoke tests."""
+
+    def __init__(self, *, latent_channels: int = 16, num_frames: int = 8, height: int = 32, width: int = 32,
+                 context_dim: int | None = 1024, context_length: int = 512, num_classes: int = 0,
+                 batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0):
+        super().__init__()
+        self.save_hyperparameters()
+        self.shape = (latent_channels, num_frames, height, width)
+        self.context_dim, self.context_length, self.num_classes = context_dim, context_length, num_classes
+        self.batch_size, self.num_samples, self.seed, self.fps = batch_size, num_samples, seed, fps
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        return self.shape
+
+    def setup(self, stage: str | None = None):
+        if self.dataset is not None:
+            return
+        g = torch.Generator().manual_seed(self.seed)
+        n = self.num_samples
+        t = {"latents": torch.randn(n, *self.shape, generator=g), "fps": torch.full((n,), self.fps)}
+        if self.context_dim:
+            t["context"] = torch.randn(n, self.context_length, self.context_dim, generator=g)
+            t["context_mask"] = torch.ones(n, self.context_length, dtype=torch.bool)
+        if self.num_classes:
+            t["class_labels"] = torch.randint(0, self.num_classes, (n,), generator=g)
+        self.dataset = _DictDataset(t)

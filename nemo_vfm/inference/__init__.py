@@ -1,0 +1,1 @@
+"""Generation: sampling videos from trained checkpoints."""

@@ -1,0 +1,93 @@
+"""Sample videos from a network: encode prompts, solve the diffusion ODE with CFG, decode, write mp4/gif.
+
+Legend: N videos, C latent channels, (t, h, w) latent size, (T, H, W) pixel size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(kw_only=True)
+class SamplingConfig:
+    """How samples are drawn (training-time previews and ``vfm generate``)."""
+
+    num_steps: int = 35
+    guidance: float = 5.0
+    sampler: str = "heun"  # EDM: heun | euler; flow matching: euler
+    seed: int = 0
+    num_samples: int = 4  # previews during training: the first N captions of the dataset
+    every_n_steps: int = 0  # previews during training (0 = only at the end)
+    enabled: bool = True
+
+    def __post_init__(self):
+        if self.num_steps < 1:
+            raise ValueError(f"SamplingConfig.num_steps must be >= 1, got {self.num_steps}")
+        if self.sampler not in ("heun", "euler"):
+            raise ValueError(f"SamplingConfig.sampler must be 'heun' or 'euler', got {self.sampler!r}")
+
+
+@torch.no_grad()
+def generate_latents(net, objective, latent_shape, cond: dict, uncond: dict | None, cfg: SamplingConfig,
+                     device=None, progress: bool = False) -> torch.Tensor:
+    """``(N, C, t, h, w)`` latents for the N conditions in ``cond``; the noise comes from ``cfg.seed``."""
+    n = next(v for v in cond.values() if isinstance(v, torch.Tensor)).shape[0]
+    g = torch.Generator(device=device or "cpu").manual_seed(cfg.seed)
+    was_training = net.training
+    net.eval()
+    try:
+        return objective.sample(net, (n, *latent_shape), cond, uncond, guidance=cfg.guidance,
+                                num_steps=cfg.num_steps, sampler=cfg.sampler, generator=g, device=device,
+                                progress=progress)
+    finally:
+        net.train(was_training)
+
+
+def text_conditions(text_encoder, prompts: list[str], device=None, fps: float | None = None):
+    """``(cond, uncond)`` dicts for prompts (the unconditional one is the null text)."""
+    from nemo_vfm.diffusion.conditioning import null_condition
+
+    emb, mask = text_encoder.encode(prompts)
+    cond = {"context": emb.to(device), "context_mask": mask.to(device)}
+    if fps is not None:
+        cond["fps"] = torch.full((len(prompts),), float(fps), device=device)
+    return cond, null_condition(cond)
+
+
+def write_videos(videos_NCTHW: torch.Tensor, stem: str | Path, fps: float = 8.0, upscale: int = 1,
+                 captions: list[str] | None = None) -> list[Path]:
+    """Write a grid of N videos to ``stem.mp4`` and ``stem.gif`` (and ``stem.txt`` with the captions)."""
+    import numpy as np
+
+    from nemo_vfm.io.video import grid, tensor_to_frames, write_gif, write_video
+
+    frames = np.stack([tensor_to_frames(v) for v in videos_NCTHW])  # (N, T, H, W, 3)
+    if upscale > 1:
+        frames = frames.repeat(upscale, axis=2).repeat(upscale, axis=3)
+    g = grid(frames)
+    stem = Path(stem)
+    out = [write_video(stem.with_suffix(".mp4"), g, fps), write_gif(stem.with_suffix(".gif"), g, fps)]
+    if captions:
+        stem.with_suffix(".txt").write_text("\n".join(captions) + "\n")
+        out.append(stem.with_suffix(".txt"))
+    return out
+
+
+def generate_videos(net, objective, tokenizer, text_encoder, prompts: list[str], latent_shape, cfg: SamplingConfig,
+                    device=None, fps: float | None = None, progress: bool = False) -> tuple[torch.Tensor, dict]:
+    """Prompts -> decoded videos ``(N, 3, T, H, W)`` in [-1, 1], and per-stage seconds."""
+    times = {}
+    t0 = time.perf_counter()
+    cond, uncond = text_conditions(text_encoder, prompts, device, fps)
+    times["text_encode_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    latents = generate_latents(net, objective, latent_shape, cond, uncond, cfg, device, progress)
+    times["denoise_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    videos = tokenizer.decode(latents.float().to(next(tokenizer.parameters(), latents).device)).clamp(-1, 1)
+    times["decode_s"] = time.perf_counter() - t0
+    return videos.cpu(), times

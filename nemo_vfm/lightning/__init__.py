@@ -1,0 +1,1 @@
+"""Lightning adapters: the training module, checkpointing that survives crashes, callbacks."""

@@ -1,0 +1,129 @@
+"""A thin LightningModule: a network, a diffusion objective, AdamW with warm-up, and EMA weights.
+
+Batches are dicts: ``latents (B, C, T, H, W)`` plus conditioning (``context (B, L, D)``,
+``context_mask (B, L)``, ``class_labels (B,)``, ``fps (B,)``) and an optional ``loss_mask``
+(``(B, T, H, W)``, 1 = counts). Randomness of each step (noise levels, noise, condition dropout)
+comes from a generator seeded by ``(seed, global_step, rank)``, so a resumed run draws exactly what
+the uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+from nemo_vfm.diffusion.conditioning import drop_condition
+
+COND_KEYS = ("context", "context_mask", "class_labels", "fps")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    warmup_steps: int = 1000
+    schedule: str = "constant"  # "constant" | "cosine"
+    min_lr_ratio: float = 0.1
+    fused: bool | None = None  # None: fused AdamW on CUDA
+
+    def __post_init__(self):
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"OptimConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.lr <= 0 or self.warmup_steps < 0:
+            raise ValueError("OptimConfig.lr must be > 0 and warmup_steps >= 0")
+
+
+def lr_lambda(cfg: OptimConfig, max_steps: int):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant" or max_steps <= cfg.warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / (max_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def step_generator(seed: int, step: int, rank: int, device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + step) * 65_537 + rank)
+    return g
+
+
+class DiffusionModule(L.LightningModule):
+    """``model_config`` builds the network (``.build(device)``); ``objective`` is EDM or FlowMatching."""
+
+    def __init__(self, model_config, objective, optim: OptimConfig | None = None, ema_decay: float | None = 0.9999,
+                 cond_dropout: float = 0.1, seed: int = 0):
+        super().__init__()
+        self.model_config, self.objective = model_config, objective
+        self.optim = optim or OptimConfig()
+        self.ema_decay, self.cond_dropout, self.seed = ema_decay, cond_dropout, seed
+        self.model: torch.nn.Module | None = None
+        self.ema: torch.nn.Module | None = None
+        # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
+        self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay})
+
+    def configure_model(self):
+        """Build the network once (Lightning calls this on the target device / under the strategy)."""
+        if self.model is not None:
+            return
+        self.model = self.model_config.build()
+        if self.ema_decay:
+            self.ema = copy.deepcopy(self.model).requires_grad_(False)
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    @property
+    def num_classes(self) -> int | None:
+        return getattr(self.model_config, "num_classes", 0) or None
+
+    def training_step(self, batch: dict, batch_idx: int):
+        x0 = batch["latents"]
+        g = step_generator(self.seed, self.global_step, self.global_rank, x0.device)
+        cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
+        cond = drop_condition(cond, self.cond_dropout, g, self.num_classes)
+        loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
+        bs = x0.shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        for k, v in logs.items():
+            self.log(f"train/{k}", v, batch_size=bs)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
+        return loss
+
+    @torch.no_grad()
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.ema is None:
+            return
+        # Warm-up of the decay (as in many EMA implementations) so that early EMA tracks the model.
+        decay = min(self.ema_decay, (1 + self.global_step) / (10 + self.global_step))
+        ema_p = [p for p in self.ema.parameters()]
+        model_p = [p.detach() for p in self.model.parameters()]
+        torch._foreach_lerp_(ema_p, model_p, 1 - decay)
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.dim() < 2 or "embed" in name else decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.optim.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
+        opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
+                                fused=fused or None)
+        max_steps = self.trainer.max_steps if self.trainer.max_steps > 0 else 10**9
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.optim, max_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def sampling_model(self) -> torch.nn.Module:
+        """The EMA network when there is one, else the trained network."""
+        return self.ema if self.ema is not None else self.model

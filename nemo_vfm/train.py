@@ -1,0 +1,200 @@
+"""``train(...)``: the function every recipe points at.
+
+It takes plain objects (no Fiddle here): a model config with ``.build()``, a LightningDataModule, and
+small dataclasses for the trainer, optimizer, experiment folder and sampling. It validates the
+combination before building anything expensive, lays out the experiment folder, resumes from the
+last complete checkpoint when one exists, trains, and writes preview samples.
+
+    experiments/<name>/
+        config.yaml          the resolved arguments of this call
+        checkpoints/         step=N.ckpt (written atomically; the highest complete one is resumed)
+        tb/                  TensorBoard logs
+        metrics.jsonl        per-step training metrics; loss_curve.png at the end
+        samples/             step=N.mp4 / .gif / .txt previews
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """Lightning Trainer settings plus checkpoint cadence."""
+
+    max_steps: int = 1000
+    devices: int | str = "auto"
+    num_nodes: int = 1
+    accelerator: str = "auto"
+    precision: str = "bf16-mixed"
+    strategy: Any = "auto"
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = 1.0
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 500
+    keep_last_n_checkpoints: int = 2
+    enable_progress_bar: bool = True
+    callbacks: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ValueError(f"TrainerConfig.max_steps must be >= 1, got {self.max_steps}")
+        if self.checkpoint_every_n_steps < 1:
+            raise ValueError(f"TrainerConfig.checkpoint_every_n_steps must be >= 1, got {self.checkpoint_every_n_steps}")
+        allowed = ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "64-true")
+        if str(self.precision) not in allowed:
+            raise ValueError(f"TrainerConfig.precision must be one of {allowed}, got {self.precision!r}")
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig:
+    """Where a run lives. ``resume=True`` continues from the last complete checkpoint in the folder."""
+
+    name: str = "default"
+    root: str = "experiments"
+    resume: bool = True
+    tensorboard: bool = True
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root) / self.name
+
+
+def _plain(obj):
+    """A YAML-friendly view of configs (dataclasses, modules described by their init args)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {"_target_": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                **{f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "hparams"):  # Lightning modules/data modules: their saved init arguments
+        return {"_target_": f"{type(obj).__module__}.{type(obj).__qualname__}", **_plain(dict(obj.hparams))}
+    return repr(obj)
+
+
+def validate(model, data) -> None:
+    """Fail before building anything when the data does not fit the model (names the fix)."""
+    shape = getattr(data, "latent_shape", None)
+    if shape is not None:
+        c, t, h, w = shape
+        if c != model.in_channels:
+            raise ValueError(f"the data has {c} latent channels but model.in_channels={model.in_channels}; "
+                             f"set model.in_channels={c}")
+        pt, ph, pw = model.patch_size
+        if t % pt or h % ph or w % pw:
+            raise ValueError(f"latent size (T={t}, H={h}, W={w}) is not divisible by model.patch_size={model.patch_size}; "
+                             "change the data size or the patch size")
+    ctx = getattr(data, "context_dim", None)
+    if getattr(model, "context_dim", None) is not None and ctx is not None and ctx != model.context_dim:
+        raise ValueError(f"the text encoder gives {ctx}-dim embeddings but model.context_dim={model.context_dim}; "
+                         f"set model.context_dim={ctx}")
+    if getattr(model, "context_dim", None) is not None and ctx is None:
+        raise ValueError("the model has cross-attention (model.context_dim is set) but the data has no text "
+                         "embeddings; set model.context_dim=None or use data with captions")
+
+
+def _sample_fn(data, sampling, fps):
+    """Preview sampler for SampleVideos: the first captions of the dataset, decoded by its tokenizer."""
+
+    def fn(module, stem):
+        from nemo_vfm.inference.generate import generate_videos, write_videos
+
+        tokenizer, text_encoder = data.build_encoders()
+        prompts = data.captions[: sampling.num_samples]
+        videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
+                                    data.latent_shape, sampling, device=module.device, fps=fps)
+        upscale = max(1, 128 // max(videos.shape[-2:]))
+        return write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
+
+    return fn
+
+
+def train(*, model, data, trainer: TrainerConfig | None = None, objective=None, optim=None,
+          log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
+          cond_dropout: float = 0.1, seed: int = 1234) -> dict:
+    """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).
+
+    Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
+    sample files written.
+    """
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from nemo_vfm.diffusion.edm import EDM
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, ThroughputLogger
+    from nemo_vfm.lightning.checkpointing import AtomicCheckpointIO, latest_checkpoint
+    from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
+
+    trainer_cfg = trainer or TrainerConfig()
+    objective = objective or EDM()
+    optim = optim or OptimConfig()
+    log = log or ExperimentConfig()
+    sampling = sampling or SamplingConfig()
+    validate(model, data)
+
+    exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
+                  "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed}
+        (exp_dir / "config.yaml").write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+
+    L.seed_everything(seed, workers=True, verbose=False)
+    module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed)
+    if hasattr(data, "build_encoders"):
+        module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
+                                        "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
+
+    callbacks = [
+        ModelCheckpoint(dirpath=ckpt_dir, filename="{step:08d}", every_n_train_steps=trainer_cfg.checkpoint_every_n_steps,
+                        save_top_k=trainer_cfg.keep_last_n_checkpoints, monitor="step", mode="max",
+                        save_on_train_epoch_end=False),
+        ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1))),
+        MetricsHistory(exp_dir),
+        *trainer_cfg.callbacks,
+    ]
+    samples = None
+    if sampling.enabled and hasattr(data, "build_encoders"):
+        samples = SampleVideos(exp_dir, _sample_fn(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
+        callbacks.append(samples)
+    loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
+    precision = trainer_cfg.precision
+    if precision == "bf16-mixed" and not torch.cuda.is_available():
+        precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs
+    pl_trainer = L.Trainer(
+        max_steps=trainer_cfg.max_steps, devices=trainer_cfg.devices, num_nodes=trainer_cfg.num_nodes,
+        accelerator=trainer_cfg.accelerator, precision=precision, strategy=trainer_cfg.strategy,
+        accumulate_grad_batches=trainer_cfg.accumulate_grad_batches, gradient_clip_val=trainer_cfg.gradient_clip_val,
+        log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,
+        plugins=[AtomicCheckpointIO()], enable_progress_bar=trainer_cfg.enable_progress_bar,
+        enable_model_summary=False, default_root_dir=str(exp_dir), limit_val_batches=0, num_sanity_val_steps=0,
+    )
+    resume = latest_checkpoint(ckpt_dir) if log.resume else None
+    if resume is not None and rank == 0:
+        print(f"resuming from {resume}")
+    pl_trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
+
+    last = ckpt_dir / f"step={pl_trainer.global_step:08d}.ckpt"
+    if not last.exists():
+        pl_trainer.save_checkpoint(last)
+    loss = pl_trainer.callback_metrics.get("train/loss")
+    summary = {"exp_dir": str(exp_dir), "checkpoint": str(last), "step": pl_trainer.global_step,
+               "loss": float(loss) if loss is not None else None,
+               "samples": [str(p) for p in (samples.written if samples else [])]}
+    if rank == 0:
+        print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items() if k != "samples"))
+    return summary
