@@ -1,0 +1,117 @@
+"""What the data path hands to the model: one sample as patch tokens, a packed THD batch, a padded batch.
+
+Legend: S tokens of one sample (t*h*w patches), P patch features ``C*pt*ph*pw`` (channel outermost,
+the flattening order of a ``Conv3d`` weight), L text tokens, D text width, N packed tokens, M packed
+text tokens, G segments (samples) in a pack, B batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+
+@dataclass
+class TokenSample:
+    """One clip or image as patch tokens. Images are ``T = 1`` (``latent_shape[1] == 1``)."""
+
+    key: str
+    tokens: torch.Tensor  # (S, P) float
+    pos_ids: torch.Tensor  # (S, 3) long: (t, h, w) patch index, for per-sample RoPE
+    loss_mask: torch.Tensor  # (S,) float: 1 real token, 0 padding
+    text: torch.Tensor  # (L, D) float: real text tokens only (at least one)
+    latent_shape: tuple[int, int, int, int]  # (C, t, h, w) of the latent before patchifying
+    patch_size: tuple[int, int, int]  # (pt, ph, pw)
+    fps: float
+    meta: dict = field(default_factory=dict)
+    num_real_tokens: int = 0
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Patch grid ``(t/pt, h/ph, w/pw)``."""
+        _, t, h, w = self.latent_shape
+        pt, ph, pw = self.patch_size
+        return t // pt, h // ph, w // pw
+
+
+class _ToDevice:
+    def to(self, device, non_blocking: bool = False):
+        """Move every tensor field to ``device`` (in place) and return self."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                setattr(self, f.name, v.to(device, non_blocking=non_blocking))
+        return self
+
+
+@dataclass
+class PackedBatch(_ToDevice):
+    """Several samples of any resolution and length concatenated into one THD sequence.
+
+    Self-attention of segment g covers tokens ``cu_seqlens[g]:cu_seqlens[g+1]``; its cross-attention
+    reads text tokens ``cu_seqlens_text[g]:cu_seqlens_text[g+1]``.
+    """
+
+    tokens: torch.Tensor  # (N, P)
+    pos_ids: torch.Tensor  # (N, 3) long
+    loss_mask: torch.Tensor  # (N,) float
+    seg_ids: torch.Tensor  # (N,) long, segment of each token
+    cu_seqlens: torch.Tensor  # (G+1,) int32
+    max_seqlen: int
+    text: torch.Tensor  # (M, D)
+    cu_seqlens_text: torch.Tensor  # (G+1,) int32
+    max_seqlen_text: int
+    latent_shapes: torch.Tensor  # (G, 4) long: (C, t, h, w)
+    patch_size: tuple[int, int, int]
+    fps: torch.Tensor  # (G,)
+    keys: list[str]
+    meta: list[dict]
+    num_real_tokens: int
+    capacity: int  # max_seq_length * number of bins, for the efficiency
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.cu_seqlens.numel() - 1)
+
+    @property
+    def efficiency(self) -> float:
+        """Real (unpadded) tokens over the bins' capacity."""
+        return self.num_real_tokens / max(1, self.capacity)
+
+
+@dataclass
+class VideoBatch(_ToDevice):
+    """Unpacked samples of one resolution/length bucket, stacked; text padded to the longest caption."""
+
+    latents: torch.Tensor  # (B, C, t, h, w)
+    text: torch.Tensor  # (B, L, D)
+    text_mask: torch.Tensor  # (B, L) bool, True = real token
+    fps: torch.Tensor  # (B,)
+    keys: list[str]
+    meta: list[dict]
+
+    def __len__(self) -> int:
+        return self.latents.shape[0]
+
+
+def patchify(latent: torch.Tensor, patch_size: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latent ``(C, t, h, w)`` -> tokens ``(S, C*pt*ph*pw)`` in (t, h, w) order and pos ids ``(S, 3)``."""
+    c, t, h, w = latent.shape
+    pt, ph, pw = patch_size
+    if t % pt or h % ph or w % pw:
+        raise ValueError(f"latent (t, h, w)=({t}, {h}, {w}) is not divisible by patch_size {tuple(patch_size)}; "
+                         "prepare the data with sizes that are multiples of the patch size")
+    x = latent.reshape(c, t // pt, pt, h // ph, ph, w // pw, pw)
+    tokens = x.permute(1, 3, 5, 0, 2, 4, 6).reshape(-1, c * pt * ph * pw)
+    gt, gh, gw = torch.meshgrid(torch.arange(t // pt), torch.arange(h // ph), torch.arange(w // pw), indexing="ij")
+    pos = torch.stack([gt, gh, gw], dim=-1).reshape(-1, 3)
+    return tokens, pos
+
+
+def unpatchify(tokens: torch.Tensor, latent_shape, patch_size: tuple[int, int, int]) -> torch.Tensor:
+    """Inverse of :func:`patchify`: tokens ``(S, C*pt*ph*pw)`` -> latent ``(C, t, h, w)``."""
+    c, t, h, w = (int(v) for v in latent_shape)
+    pt, ph, pw = patch_size
+    x = tokens[: (t // pt) * (h // ph) * (w // pw)].reshape(t // pt, h // ph, w // pw, c, pt, ph, pw)
+    return x.permute(3, 0, 4, 1, 5, 2, 6).reshape(c, t, h, w)

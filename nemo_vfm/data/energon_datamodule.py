@@ -1,0 +1,207 @@
+"""Lightning DataModule over prepared Energon datasets (or blends), resumable to the exact sample.
+
+* Data is split by data-parallel rank only (``rank_mapping``): TP/CP/PP peers get the same batches.
+* ``state_dict()`` holds the Energon loader state of every DP rank at the last batch the training
+  loop actually consumed (Lightning prefetches ahead, so the loader's own position would skip
+  batches); ``load_state_dict()`` restores it, and the resumed run sees exactly the samples the
+  uninterrupted run would have seen.
+* With ``max_seq_length`` set, batches are packed THD :class:`~nemo_vfm.data.batch.PackedBatch`;
+  without, bucketed :class:`~nemo_vfm.data.batch.VideoBatch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections import deque
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from nemo_vfm.data.batch import PackedBatch
+
+log = logging.getLogger(__name__)
+STATE_FORMAT = "nemo_vfm.energon/1"
+
+
+class StatefulLoader:
+    """Iterates an Energon savable loader and remembers its state after every batch it yields.
+
+    :meth:`mark_consumed` (called when the training loop takes a batch) advances the consumed state,
+    so a checkpoint names the position after the last *trained* batch, whatever was prefetched.
+    """
+
+    def __init__(self, loader, log_every_n_batches: int = 100):
+        self.loader = loader
+        self.pending: deque = deque()
+        self.consumed_state = None
+        self.log_every = log_every_n_batches
+        self.real_tokens = self.capacity = self.batches = 0
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.pending.append(self.loader.save_state_rank())
+            yield batch
+
+    def mark_consumed(self, batch) -> None:
+        if self.pending:
+            self.consumed_state = self.pending.popleft()
+        self.batches += 1
+        if isinstance(batch, PackedBatch):
+            self.real_tokens += batch.num_real_tokens
+            self.capacity += batch.capacity
+            if self.log_every and self.batches % self.log_every == 0:
+                log.info("packing efficiency %.3f over %d batches", self.packing_efficiency, self.batches)
+
+    @property
+    def packing_efficiency(self) -> float:
+        """Real tokens over bin capacity, over all consumed packed batches (0 when not packing)."""
+        return self.real_tokens / self.capacity if self.capacity else 0.0
+
+
+class EnergonDataModule(pl.LightningDataModule):
+    """Training batches from a prepared dataset folder or a blend (metadataset ``.yaml``).
+
+    Args:
+        path: a folder written by ``vfm prepare`` or a metadataset yaml (see :func:`write_blend`).
+        micro_batch_size: bins per micro-batch (packing) or samples per bucket batch.
+        patch_size: the DiT patch ``(pt, ph, pw)``.
+        max_seq_length: bin capacity in tokens; ``None`` = no packing, resolution/length buckets.
+        pad_to_multiple: pad each sample's tokens to this multiple (e.g. TP*CP size).
+        packing_buffer_size: samples first-fit-decreasing sees at once.
+        num_workers: loader worker processes per rank (0 = in the main process).
+        shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs.
+        seed: shuffling seed (Energon ``seed_offset``).
+        mesh / dp_dims: the device mesh and its data-parallel dims; default: the trainer strategy's mesh.
+    """
+
+    def __init__(self, path: str, *, micro_batch_size: int = 1, patch_size=(1, 2, 2),
+                 max_seq_length: int | None = None, pad_to_multiple: int = 1, packing_buffer_size: int = 64,
+                 num_workers: int = 0, shuffle_buffer_size: int | None = 64,
+                 max_samples_per_sequence: int | None = None, seed: int = 0, mesh=None,
+                 dp_dims: tuple[str, ...] | None = None, log_every_n_batches: int = 100):
+        super().__init__()
+        p = Path(path)
+        if not (p.is_file() and p.suffix in (".yaml", ".yml")) and not (p / ".nv-meta" / "dataset.yaml").is_file():
+            raise FileNotFoundError(f"{path} is neither a prepared dataset (no .nv-meta/dataset.yaml) nor a blend yaml; "
+                                    "run `vfm prepare input=... output=...` first")
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if max_seq_length is not None and packing_buffer_size < 1:
+            raise ValueError(f"packing_buffer_size must be >= 1 when packing, got {packing_buffer_size}")
+        self.path, self.micro_batch_size, self.patch_size = str(path), micro_batch_size, tuple(patch_size)
+        self.max_seq_length, self.pad_to_multiple = max_seq_length, pad_to_multiple
+        self.packing_buffer_size, self.num_workers = packing_buffer_size, num_workers
+        self.shuffle_buffer_size, self.max_samples_per_sequence = shuffle_buffer_size, max_samples_per_sequence
+        self.seed, self.mesh, self.dp_dims, self.log_every_n_batches = seed, mesh, dp_dims, log_every_n_batches
+        from nemo_vfm.data.task_encoder import VideoTaskEncoder  # validates the packing arguments early
+
+        self.task_encoder = VideoTaskEncoder(patch_size=self.patch_size, max_seq_length=max_seq_length,
+                                             pad_to_multiple=pad_to_multiple, micro_batch_size=micro_batch_size)
+        self._loader: StatefulLoader | None = None
+        self._restore: dict | None = None
+
+    # ---- rank mapping -----------------------------------------------------------------------------------
+    def _mesh(self):
+        if self.mesh is not None:
+            return self.mesh
+        trainer = self._trainer if hasattr(self, "_trainer") else None
+        strategy = getattr(trainer, "strategy", None)
+        for attr in ("device_mesh", "mesh"):
+            try:
+                mesh = getattr(strategy, attr, None)
+            except (AttributeError, RuntimeError):  # Lightning raises before its mesh exists
+                mesh = None
+            if mesh is not None and getattr(mesh, "mesh_dim_names", None):
+                return mesh
+        return None
+
+    def worker_config(self):
+        from nemo_vfm.data.rank_mapping import worker_config
+
+        return worker_config(self.num_workers, self.seed, self._mesh(), self.dp_dims)
+
+    # ---- loaders ----------------------------------------------------------------------------------------
+    def build_loader(self):
+        """A fresh Energon savable loader for this rank (restored if a checkpoint state is pending)."""
+        from megatron.energon import get_savable_loader, get_train_dataset
+
+        wc = self.worker_config()
+        ds = get_train_dataset(
+            self.path, worker_config=wc, batch_size=self.micro_batch_size,
+            packing_buffer_size=self.packing_buffer_size if self.max_seq_length else None,
+            shuffle_buffer_size=self.shuffle_buffer_size, max_samples_per_sequence=self.max_samples_per_sequence,
+            task_encoder=self.task_encoder,
+        )
+        loader = get_savable_loader(ds)
+        if self._restore is not None:
+            if self._restore["dp_world_size"] != wc.world_size:
+                raise ValueError(f"the checkpoint's data state was saved with {self._restore['dp_world_size']} "
+                                 f"data-parallel ranks but this run has {wc.world_size}; resume with the same DP size")
+            loader.restore_state_rank(pickle.loads(self._restore["states"][wc.rank]))
+        return loader, wc
+
+    def train_dataloader(self) -> StatefulLoader:
+        loader, _ = self.build_loader()
+        self._loader = StatefulLoader(loader, self.log_every_n_batches)
+        if self._restore is not None:  # a checkpoint taken before the next batch names the same position
+            self._loader.consumed_state = pickle.loads(self._restore["states"][self._dp_rank_world()[0]])
+            self._restore = None
+        return self._loader
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = self._trainer if hasattr(self, "_trainer") else None
+        if self._loader is not None and (trainer is None or trainer.training):
+            self._loader.mark_consumed(batch)
+        return batch
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        return batch.to(device) if hasattr(batch, "to") else super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    @property
+    def packing_efficiency(self) -> float:
+        return self._loader.packing_efficiency if self._loader is not None else 0.0
+
+    # ---- checkpointing ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Loader state of every data-parallel rank (pickled Energon state: load only trusted checkpoints)."""
+        if self._loader is None:
+            return dict(self._restore) if self._restore is not None else {}
+        rank, world = self._dp_rank_world()
+        mine = pickle.dumps(self._loader.consumed_state)
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            gathered: list = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, (rank, mine))
+        else:
+            gathered = [(rank, mine)]
+        states: list = [None] * world
+        for r, s in gathered:
+            states[r] = s
+        return {"format": STATE_FORMAT, "dp_world_size": world, "states": states}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not state_dict:
+            return
+        if state_dict.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown data state format {state_dict.get('format')!r}; expected {STATE_FORMAT!r}")
+        self._restore = dict(state_dict)
+
+    def _dp_rank_world(self) -> tuple[int, int]:
+        from nemo_vfm.data.rank_mapping import dp_rank_world
+
+        r, w, _ = dp_rank_world(self._mesh(), self.dp_dims)
+        return r, w
+
+
+class DataStatsCallback(pl.Callback):
+    """Logs ``data/packing_efficiency`` (running) and ``data/segments`` per step when batches are packed."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if isinstance(batch, PackedBatch):
+            dm = trainer.datamodule
+            eff = dm.packing_efficiency if isinstance(dm, EnergonDataModule) else batch.efficiency
+            pl_module.log("data/packing_efficiency", eff, prog_bar=False, batch_size=1)
+            pl_module.log("data/segments", float(batch.num_segments), batch_size=1)

@@ -1,0 +1,218 @@
+"""Dataset preparation: clips -> tokenizer.encode -> text_encoder.encode -> Energon-indexed tar shards.
+
+Runs on one process or under ``torchrun`` (inputs are dealt round-robin over ranks; rank 0 indexes
+once every rank has finished). Resumable: inputs already in a finished shard are skipped, a crash
+loses at most the shard being written, and only finished shards are ever indexed. An input that
+cannot be decoded or encoded is recorded (key, source, reason) and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nemo_vfm.data.schema import LATENT_DTYPES, SampleMeta, encode_sample
+from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
+from nemo_vfm.data.sources import InputItem, iter_inputs
+
+
+@dataclass(kw_only=True)
+class PrepareConfig:
+    """What ``vfm prepare`` does. ``patch_multiple`` (t, h, w) makes latent sizes divisible by the DiT patch."""
+
+    input: str
+    output: str
+    tokenizer: str = "identity"
+    tokenizer_kwargs: dict = field(default_factory=dict)
+    text_encoder: str = "hash"
+    text_encoder_kwargs: dict = field(default_factory=dict)
+    samples_per_shard: int = 64
+    max_frames: int | None = None
+    height: int | None = None  # resize (cover) + centre-crop to height x width; None keeps the size
+    width: int | None = None
+    patch_multiple: tuple[int, int, int] = (1, 2, 2)
+    latent_dtype: str = "float16"
+    allow_missing_caption: bool = False
+    device: str = "cpu"
+    index: bool = True
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.latent_dtype not in LATENT_DTYPES:
+            raise ValueError(f"PrepareConfig.latent_dtype must be one of {LATENT_DTYPES}, got {self.latent_dtype!r}")
+        if self.samples_per_shard < 1:
+            raise ValueError(f"PrepareConfig.samples_per_shard must be >= 1, got {self.samples_per_shard}")
+        if (self.height is None) != (self.width is None):
+            raise ValueError("PrepareConfig.height and width must be given together (or neither)")
+        if self.max_frames is not None and self.max_frames < 1:
+            raise ValueError(f"PrepareConfig.max_frames must be >= 1, got {self.max_frames}")
+        self.patch_multiple = tuple(int(v) for v in self.patch_multiple)
+        if len(self.patch_multiple) != 3 or min(self.patch_multiple) < 1:
+            raise ValueError(f"PrepareConfig.patch_multiple must be 3 positive ints (t, h, w), got {self.patch_multiple}")
+        if not Path(self.input).exists():
+            raise FileNotFoundError(f"PrepareConfig.input {self.input} does not exist; pass a folder of "
+                                    "videos/images with captions or a folder of webdataset shards")
+
+
+@dataclass
+class PrepareResult:
+    output: Path
+    rank: int
+    world_size: int
+    written: int  # samples written by this rank in this run
+    skipped_done: int  # inputs skipped because a finished shard already holds them
+    errors: list[dict]  # inputs this rank recorded as failed in this run
+    shards: list[str]
+    indexed: bool
+
+
+def dist_rank_world() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed, else torchrun's environment, else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _valid_frames(n: int, tokenizer, pt: int) -> int:
+    """Largest frame count <= n that the tokenizer encodes to a latent t divisible by ``pt``."""
+    for k in range(n, 0, -1):
+        try:
+            t, _, _ = tokenizer.latent_shape(k, tokenizer.spatial_compression, tokenizer.spatial_compression)
+        except ValueError:
+            continue
+        if t % pt == 0:
+            return k
+    return 0
+
+
+def _resize_crop(video: torch.Tensor, height: int | None, width: int | None, multiple: int) -> torch.Tensor:
+    """``(3, T, H, W)`` -> resized to cover ``height x width`` and centre-cropped; sizes cut to ``multiple``."""
+    _, _, h, w = video.shape
+    if height is not None:
+        scale = max(height / h, width / w)
+        nh, nw = max(height, round(h * scale)), max(width, round(w * scale))
+        if (nh, nw) != (h, w):
+            video = torch.nn.functional.interpolate(video.transpose(0, 1), size=(nh, nw), mode="bilinear",
+                                                    antialias=True, align_corners=False).transpose(0, 1)
+        h, w = nh, nw
+        th, tw = height, width
+    else:
+        th, tw = h, w
+    th, tw = th // multiple * multiple, tw // multiple * multiple
+    if th < multiple or tw < multiple:
+        raise ValueError(f"frames of {h}x{w} are smaller than the size multiple {multiple}")
+    y, x = (h - th) // 2, (w - tw) // 2
+    return video[:, :, y:y + th, x:x + tw]
+
+
+def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) -> tuple[dict[str, bytes], SampleMeta]:
+    """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
+    from nemo_vfm.io.video import frames_to_tensor
+
+    if item.caption is None and not cfg.allow_missing_caption:
+        raise ValueError("no caption (add a .txt or .json sidecar, or pass allow_missing_caption=true)")
+    frames, fps = item.load()
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < 1:
+        raise ValueError(f"decoded frames have shape {frames.shape}, expected [T, H, W, 3]")
+    pt, ph, pw = cfg.patch_multiple
+    n = frames.shape[0] if cfg.max_frames is None else min(cfg.max_frames, frames.shape[0])
+    n = 1 if item.is_image else _valid_frames(n, tokenizer, pt)
+    if n == 0:
+        raise ValueError(f"{frames.shape[0]} frames cannot make a latent length divisible by {pt} with this tokenizer")
+    sc = tokenizer.spatial_compression
+    if ph != pw:
+        raise ValueError(f"patch_multiple h and w must match, got {cfg.patch_multiple}")
+    video = _resize_crop(frames_to_tensor(frames[:n]), cfg.height, cfg.width, sc * ph)
+    with torch.no_grad():
+        latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
+    if not torch.isfinite(latent).all():
+        raise ValueError("tokenizer produced non-finite latents")
+    emb, mask = text_encoder.encode([item.caption or ""])
+    emb, mask = emb[0].float().cpu(), mask[0].cpu()
+    start = item.clip_span[0] if item.clip_span else 0.0
+    span = (0.0, 0.0) if item.is_image else (start, start + (n / fps if fps else 0.0))
+    meta = SampleMeta(caption=item.caption or "", source=item.source, fps=float(fps), num_frames=n,
+                      height=int(video.shape[2]), width=int(video.shape[3]), clip_span=span,
+                      latent_shape=tuple(int(v) for v in latent.shape), is_image=item.is_image,
+                      tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra)
+    parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype)
+    return parts, meta
+
+
+def _barrier(world: int) -> None:
+    if world <= 1:
+        return
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", timeout=timedelta(hours=24))
+    torch.distributed.barrier()
+
+
+def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None = None) -> PrepareResult:
+    """Run the preparation for this rank; rank 0 indexes the output for Energon once all ranks are done."""
+    from tqdm import tqdm
+
+    from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
+
+    r, w = dist_rank_world()
+    rank, world_size = (r if rank is None else rank), (w if world_size is None else world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(cfg.tokenizer, **cfg.tokenizer_kwargs).to(cfg.device).eval()
+    text_encoder = build_text_encoder(cfg.text_encoder, **cfg.text_encoder_kwargs)
+
+    manifest = Manifest(out)
+    manifest.recover(rank)
+    done = manifest.done_keys()
+    writer = ShardWriter(out, rank, cfg.samples_per_shard, manifest)
+    written = skipped = 0
+    errors: list[dict] = []
+    bar = tqdm(desc=f"vfm prepare [rank {rank}/{world_size}]", unit="clip", disable=not cfg.progress,
+               position=rank if world_size > 1 else None)
+    seen: set[str] = set()
+    for i, item in enumerate(iter_inputs(cfg.input)):
+        if item.key in seen:
+            raise ValueError(f"two inputs map to the key {item.key!r} ({item.source}); rename one of them")
+        seen.add(item.key)
+        if i % world_size != rank:
+            continue
+        if item.key in done:
+            skipped += 1
+            continue
+        try:
+            parts, _ = encode_item(item, cfg, tokenizer, text_encoder)
+        except Exception as e:  # a corrupt input must not stop the run: record it with its reason
+            reason = f"{type(e).__name__}: {e}"
+            writer.add_error(item.key, item.source, reason)
+            errors.append({"key": item.key, "source": item.source, "reason": reason})
+        else:
+            writer.add(item.key, parts)
+            written += 1
+        bar.update(1)
+        bar.set_postfix(written=written, errors=len(errors))
+    writer.flush()
+    bar.close()
+    (out / STATE_DIR / f"rank{rank}.done").write_text(json.dumps({"written": written, "world_size": world_size}))
+
+    _barrier(world_size)
+    indexed = False
+    if rank == 0:
+        all_errors = [err for e in manifest.entries() for err in e.get("errors", [])]
+        report = {"samples": sum(len(e.get("keys", [])) for e in manifest.entries()),
+                  "shards": sorted(p.name for p in out.glob("*.tar")), "errors": all_errors}
+        (out / STATE_DIR / "report.json").write_text(json.dumps(report, indent=1))
+        if cfg.index and report["shards"]:
+            from nemo_vfm.data.energon_index import index_dataset
+
+            index_dataset(out)
+            indexed = True
+    _barrier(world_size)
+    return PrepareResult(output=out, rank=rank, world_size=world_size, written=written, skipped_done=skipped,
+                         errors=errors, shards=writer.shards_written, indexed=indexed)

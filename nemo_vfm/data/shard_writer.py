@@ -1,0 +1,123 @@
+"""Tar shards written atomically, plus the per-rank manifest that makes ``vfm prepare`` resumable.
+
+A shard is written as ``<name>.tar.partial`` and renamed to ``<name>.tar`` only when complete; then a
+line goes into ``.prepare/rank<R>.jsonl`` naming the keys (and the failed inputs) it covers. A crash
+loses at most the shard being written, and energon (which indexes ``*.tar``) never sees it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+STATE_DIR = ".prepare"
+
+
+def shard_name(rank: int, index: int) -> str:
+    return f"shard-r{rank:04d}-{index:06d}.tar"
+
+
+def _tar_keys(path: Path) -> list[str]:
+    keys: list[str] = []
+    with tarfile.open(path) as tf:
+        for m in tf:
+            k = m.name.rpartition("/")[2].partition(".")[0]
+            if not keys or keys[-1] != k:
+                keys.append(k)
+    return keys
+
+
+class Manifest:
+    """What every rank has finished: shards with their keys, and inputs recorded as failed."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.dir = self.out / STATE_DIR
+
+    def entries(self) -> list[dict]:
+        rows = []
+        for f in sorted(self.dir.glob("rank*.jsonl")):
+            for line in f.read_text().splitlines():
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:  # a torn last line after a crash
+                        pass
+        return rows
+
+    def recover(self, rank: int) -> None:
+        """Delete this rank's partial shards; add manifest lines for complete shards that lack one."""
+        for p in self.out.glob(f"shard-r{rank:04d}-*.tar.partial"):
+            p.unlink()
+        known = {e["shard"] for e in self.entries() if e.get("shard")}
+        for p in sorted(self.out.glob(f"shard-r{rank:04d}-*.tar")):
+            if p.name not in known:
+                self.append(rank, {"shard": p.name, "keys": _tar_keys(p), "errors": [], "recovered": True})
+
+    def done_keys(self) -> set[str]:
+        done = set()
+        for e in self.entries():
+            done.update(e.get("keys", []))
+            done.update(err["key"] for err in e.get("errors", []))
+        return done
+
+    def next_index(self, rank: int) -> int:
+        idx = [int(p.name.split("-")[2].split(".")[0]) for p in self.out.glob(f"shard-r{rank:04d}-*.tar")]
+        return max(idx) + 1 if idx else 0
+
+    def append(self, rank: int, entry: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / f"rank{rank}.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class ShardWriter:
+    """Collect samples (``{part: bytes}``) and write a shard every ``samples_per_shard`` samples."""
+
+    def __init__(self, out: str | Path, rank: int, samples_per_shard: int, manifest: Manifest):
+        if samples_per_shard < 1:
+            raise ValueError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
+        self.out, self.rank, self.n = Path(out), rank, samples_per_shard
+        self.manifest = manifest
+        self.index = manifest.next_index(rank)
+        self.samples: list[tuple[str, dict[str, bytes]]] = []
+        self.errors: list[dict] = []
+        self.shards_written: list[str] = []
+
+    def add(self, key: str, parts: dict[str, bytes]) -> None:
+        self.samples.append((key, parts))
+        if len(self.samples) >= self.n:
+            self.flush()
+
+    def add_error(self, key: str, source: str, reason: str) -> None:
+        self.errors.append({"key": key, "source": source, "reason": reason})
+
+    def flush(self) -> None:
+        """Write the pending samples as one shard (atomically) and record it with the pending errors."""
+        if not self.samples and not self.errors:
+            return
+        name = None
+        if self.samples:
+            name = shard_name(self.rank, self.index)
+            final = self.out / name
+            tmp = final.with_name(final.name + ".partial")
+            now = time.time()
+            with tarfile.open(tmp, "w") as tf:
+                for key, parts in self.samples:
+                    for part, data in parts.items():
+                        info = tarfile.TarInfo(f"{key}.{part}")
+                        info.size, info.mtime = len(data), now
+                        tf.addfile(info, io.BytesIO(data))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            self.index += 1
+            self.shards_written.append(name)
+        self.manifest.append(self.rank, {"shard": name, "keys": [k for k, _ in self.samples], "errors": self.errors})
+        self.samples, self.errors = [], []

@@ -1,0 +1,182 @@
+"""Inputs of ``vfm prepare``: a folder of videos/images with caption sidecars, or webdataset shards of mp4+json.
+
+Every input becomes an :class:`InputItem` with a stable ``key``; decoding happens lazily in
+:meth:`InputItem.load` so a corrupt file fails there (and is recorded), not while listing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+VIDEO_EXTS = (".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v")
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+_DROP_META = {"embedding", "mp4", "thumbs"}  # large fields the curation json may carry: not copied
+
+
+@dataclass
+class InputItem:
+    """One input clip or image. ``load()`` -> (uint8 frames ``[T, H, W, 3]``, fps)."""
+
+    key: str
+    source: str
+    caption: str | None
+    load: Callable[[], tuple[np.ndarray, float]]
+    is_image: bool = False
+    clip_span: tuple[float, float] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def safe_key(text: str) -> str:
+    """A webdataset-safe key (no dots, no slashes) derived from a relative path or shard member."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_") or "sample"
+
+
+def read_image(path_or_bytes) -> tuple[np.ndarray, float]:
+    """Decode an image to frames ``[1, H, W, 3]`` uint8 (fps 0)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray)) else path_or_bytes
+        with Image.open(src) as im:
+            arr = np.asarray(im.convert("RGB"))
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"cannot decode image: {e}") from e
+    return arr[None], 0.0
+
+
+def read_video_bytes(data: bytes, suffix: str = ".mp4") -> tuple[np.ndarray, float]:
+    """Decode an in-memory video through a temporary file (``nemo_vfm.io.video.read_video``)."""
+    from nemo_vfm.io.video import read_video
+
+    with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+        f.write(data)
+        f.flush()
+        return read_video(f.name)
+
+
+def _caption_from_json(d: dict) -> str | None:
+    for k in ("caption", "text", "prompt"):
+        if isinstance(d.get(k), str):
+            return d[k]
+    caps = d.get("captions")
+    if isinstance(caps, list) and caps and isinstance(caps[0], str):
+        return caps[0]
+    return None
+
+
+def _span_from_json(d: dict) -> tuple[float, float] | None:
+    span = d.get("clip_span") or d.get("span")
+    if isinstance(span, dict) and "start_s" in span and "end_s" in span:
+        return float(span["start_s"]), float(span["end_s"])
+    if isinstance(span, (list, tuple)) and len(span) == 2:
+        return float(span[0]), float(span[1])
+    if "start_s" in d and "end_s" in d:
+        return float(d["start_s"]), float(d["end_s"])
+    return None
+
+
+def _extra_from_json(d: dict) -> dict:
+    skip = _DROP_META | {"caption", "text", "prompt", "captions", "clip_span", "span"}
+    return {k: v for k, v in d.items() if k not in skip}
+
+
+def _sidecar(path: Path) -> tuple[str | None, dict, tuple[float, float] | None]:
+    txt, js = path.with_suffix(".txt"), path.with_suffix(".json")
+    if js.is_file():
+        d = json.loads(js.read_text())
+        return _caption_from_json(d), _extra_from_json(d), _span_from_json(d)
+    if txt.is_file():
+        return txt.read_text().strip(), {}, None
+    return None, {}, None
+
+
+def iter_folder(root: str | Path) -> Iterator[InputItem]:
+    """Videos and images under ``root`` (recursively, sorted) with ``<stem>.txt`` or ``<stem>.json`` captions."""
+    from nemo_vfm.io.video import read_video
+
+    root = Path(root)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        ext = path.suffix.lower()
+        if ext not in VIDEO_EXTS + IMAGE_EXTS:
+            continue
+        rel = str(path.relative_to(root))
+        caption, extra, span = _sidecar(path)
+        is_image = ext in IMAGE_EXTS
+        load = (lambda p=path: read_image(p)) if is_image else (lambda p=path: read_video(p))
+        yield InputItem(key=safe_key(rel), source=rel, caption=caption, load=load, is_image=is_image,
+                        clip_span=span, extra=extra)
+
+
+def _tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Group the members of a webdataset tar by key (the name up to the first dot of the basename)."""
+    current, parts = None, {}
+    with tarfile.open(path) as tf:
+        for m in tf:
+            if not m.isfile():
+                continue
+            d, _, base = m.name.rpartition("/")
+            key, _, ext = base.partition(".")
+            key = f"{d}/{key}" if d else key
+            if current is not None and key != current:
+                yield current, parts
+                parts = {}
+            current = key
+            parts[ext.lower()] = tf.extractfile(m).read()
+    if current is not None:
+        yield current, parts
+
+
+def _missing_media(source: str, found: list[str]):
+    def load():
+        raise ValueError(f"no video or image part in {source} (parts: {found})")
+
+    return load
+
+
+def iter_shards(shards: list[str | Path]) -> Iterator[InputItem]:
+    """Samples of webdataset shards: one video (``mp4``/...) or image part plus ``json`` or ``txt`` caption."""
+    for shard in sorted(Path(s) for s in shards):
+        for key, parts in _tar_samples(shard):
+            meta = {}
+            if "json" in parts:
+                try:
+                    meta = json.loads(parts["json"])
+                except json.JSONDecodeError:
+                    meta = {}
+            caption = _caption_from_json(meta) if meta else None
+            if caption is None and "txt" in parts:
+                caption = parts["txt"].decode(errors="replace").strip()
+            vid = next((e for e in parts if "." + e in VIDEO_EXTS), None)
+            img = next((e for e in parts if "." + e in IMAGE_EXTS), None)
+            source = f"{shard.name}:{key}"
+            if vid is not None:
+                load = lambda b=parts[vid], e=vid: read_video_bytes(b, "." + e)
+            elif img is not None:
+                load = lambda b=parts[img]: read_image(b)
+            else:
+                load = _missing_media(source, sorted(parts))
+            yield InputItem(key=safe_key(f"{shard.stem}_{key}"), source=source, caption=caption, load=load,
+                            is_image=vid is None and img is not None, clip_span=_span_from_json(meta),
+                            extra=_extra_from_json(meta))
+
+
+def iter_inputs(path: str | Path) -> Iterator[InputItem]:
+    """A folder of media files, a folder of ``*.tar`` shards, or one ``.tar`` shard."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"input {path} does not exist; pass a folder of videos/images or webdataset shards")
+    if path.is_file() and path.suffix == ".tar":
+        return iter_shards([path])
+    tars = sorted(path.glob("*.tar"))
+    if tars:
+        return iter_shards(tars)
+    return iter_folder(path)

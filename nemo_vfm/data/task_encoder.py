@@ -1,0 +1,146 @@
+"""Energon task encoder for prepared latent datasets: tokens, packing, buckets.
+
+Pipeline per sample: crude webdataset dict -> :func:`cook_clip` (decode parts) -> :class:`ClipSample`.
+Then either
+
+* packing (``max_seq_length`` set): a buffer of samples is split into bins by first-fit-decreasing
+  (:meth:`VideoTaskEncoder.select_samples_to_pack`), each bin becomes a THD :class:`PackedBatch`,
+  and a micro-batch of bins is concatenated into one; or
+* buckets: samples are grouped by latent shape (resolution and length) and stacked into a
+  :class:`VideoBatch`.
+
+Legend: C latent channels, t/h/w latent sizes, L text tokens, D text width.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from megatron.energon import Cooker, DefaultTaskEncoder, Sample, SkipSample, stateless
+from megatron.energon.edataclass import edataclass
+
+from nemo_vfm.data.batch import PackedBatch, TokenSample, VideoBatch, patchify
+from nemo_vfm.data.packing import concat_packs, first_fit_decreasing, pack_samples, padded_length
+from nemo_vfm.data.schema import decode_parts
+
+log = logging.getLogger(__name__)
+
+
+@edataclass
+class ClipSample(Sample):
+    """One decoded prepared sample (energon ``Sample``: carries the restore key used by resumable state)."""
+
+    latent: torch.Tensor  # (C, t, h, w) float32
+    text_emb: torch.Tensor  # (L, D) float32
+    text_mask: torch.Tensor  # (L,) bool
+    fps: float
+    meta: dict
+
+
+@stateless
+def cook_clip(raw: dict) -> ClipSample:
+    """Crude webdataset sample (parts decoded by energon) -> :class:`ClipSample`."""
+    latent, emb, mask, meta = decode_parts(raw)
+    return ClipSample(
+        __key__=raw["__key__"], __restore_key__=raw["__restore_key__"], __subflavors__=raw.get("__subflavors__"),
+        __sources__=raw.get("__sources__"), latent=torch.from_numpy(latent).float(),
+        text_emb=torch.from_numpy(emb).float(), text_mask=torch.from_numpy(mask).bool(),
+        fps=float(meta.get("fps", 0.0)), meta=meta,
+    )
+
+
+def real_text(emb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The real tokens ``(L_real, D)`` of a caption; an empty caption becomes one zero token."""
+    out = emb[mask]
+    return out if out.shape[0] else emb.new_zeros(1, emb.shape[1])
+
+
+class VideoTaskEncoder(DefaultTaskEncoder):
+    """Turns prepared samples into packed THD batches (``max_seq_length`` set) or bucketed padded batches.
+
+    Args:
+        patch_size: DiT patch ``(pt, ph, pw)``; tokens are ``(t/pt * h/ph * w/pw, C*pt*ph*pw)``.
+        max_seq_length: bin capacity in tokens; ``None`` disables packing (buckets instead).
+        pad_to_multiple: each sample's token count is padded to this multiple (TP/CP divisibility).
+        micro_batch_size: bins per micro-batch when packing, samples per bucket batch otherwise.
+    """
+
+    cookers = [Cooker(cook_clip)]
+
+    def __init__(self, *, patch_size=(1, 2, 2), max_seq_length: int | None = None, pad_to_multiple: int = 1,
+                 micro_batch_size: int = 1):
+        super().__init__()
+        self.patch_size = tuple(int(p) for p in patch_size)
+        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+            raise ValueError(f"patch_size must be three positive ints (pt, ph, pw), got {patch_size}")
+        if max_seq_length is not None and max_seq_length < 1:
+            raise ValueError(f"max_seq_length must be >= 1 or None (no packing), got {max_seq_length}")
+        if pad_to_multiple < 1:
+            raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        if max_seq_length is not None and max_seq_length % pad_to_multiple:
+            raise ValueError(f"max_seq_length ({max_seq_length}) must be a multiple of pad_to_multiple ({pad_to_multiple})")
+        self.max_seq_length, self.pad_to_multiple, self.micro_batch_size = max_seq_length, pad_to_multiple, micro_batch_size
+        self.dropped_too_long = 0
+
+    # ---- per sample -------------------------------------------------------------------------------------
+    def num_tokens(self, sample: ClipSample) -> int:
+        """Token count of a sample after patchifying and padding to ``pad_to_multiple``."""
+        _, t, h, w = sample.latent.shape
+        pt, ph, pw = self.patch_size
+        return padded_length(math.prod((t // pt, h // ph, w // pw)), self.pad_to_multiple)
+
+    def to_tokens(self, sample: ClipSample) -> TokenSample:
+        tokens, pos = patchify(sample.latent, self.patch_size)
+        return TokenSample(key=sample.__key__, tokens=tokens, pos_ids=pos, loss_mask=torch.ones(tokens.shape[0]),
+                           text=real_text(sample.text_emb, sample.text_mask),
+                           latent_shape=tuple(sample.latent.shape), patch_size=self.patch_size, fps=sample.fps,
+                           meta=sample.meta, num_real_tokens=tokens.shape[0])
+
+    # ---- packing ----------------------------------------------------------------------------------------
+    def select_samples_to_pack(self, samples: list[ClipSample]) -> list[list[ClipSample]]:
+        """First-fit-decreasing over the buffer into bins of ``max_seq_length`` tokens; samples never split."""
+        lengths = [self.num_tokens(s) for s in samples]
+        bins, too_long = first_fit_decreasing(lengths, self.max_seq_length)
+        if too_long:
+            self.dropped_too_long += len(too_long)
+            (log.warning if self.dropped_too_long == len(too_long) else log.debug)("dropped %d sample(s) longer than max_seq_length=%d tokens (e.g. %s with %d); "
+                        "raise max_seq_length or prepare smaller clips", len(too_long), self.max_seq_length,
+                        samples[too_long[0]].__key__, lengths[too_long[0]])
+        return [[samples[i] for i in b] for b in bins]
+
+    @stateless
+    def pack_selected_samples(self, samples: list[ClipSample]) -> PackedBatch:
+        return pack_samples([self.to_tokens(s) for s in samples], self.pad_to_multiple, capacity=self.max_seq_length)
+
+    # ---- batching ---------------------------------------------------------------------------------------
+    def batch_group_criterion(self, sample):
+        """Buckets (no packing): one bucket per latent shape ``(C, t, h, w)``; images land in t=1 buckets."""
+        if isinstance(sample, PackedBatch):
+            return "packed", None
+        return tuple(sample.latent.shape), None
+
+    @stateless
+    def batch(self, samples):
+        if isinstance(samples[0], PackedBatch):
+            return concat_packs(samples)
+        return stack_bucket(samples)
+
+    @stateless
+    def encode_batch(self, batch):
+        return batch
+
+
+def stack_bucket(samples: list[ClipSample]) -> VideoBatch:
+    """Same-shape samples -> :class:`VideoBatch`; text trimmed to the longest caption (at least one token)."""
+    shapes = {tuple(s.latent.shape) for s in samples}
+    if len(shapes) != 1:
+        raise SkipSample(f"bucket mixes latent shapes {sorted(shapes)}")
+    mask = torch.stack([s.text_mask for s in samples])
+    mask[:, 0] |= ~mask.any(dim=1)  # an empty caption keeps one (zero) token so attention has a key
+    n = int(mask.sum(1).max())
+    text = torch.stack([torch.where(s.text_mask[:, None], s.text_emb, 0.0) for s in samples])[:, :n]
+    return VideoBatch(latents=torch.stack([s.latent for s in samples]), text=text, text_mask=mask[:, :n],
+                      fps=torch.tensor([s.fps for s in samples]), keys=[s.__key__ for s in samples],
+                      meta=[s.meta for s in samples])
