@@ -13,8 +13,6 @@ last complete checkpoint when one exists, trains, and writes preview samples.
         samples/             step=N.mp4 / .gif / .txt previews
 """
 
-from __future__ import annotations
-
 import dataclasses
 import os
 from dataclasses import dataclass, field

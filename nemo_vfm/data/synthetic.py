@@ -9,8 +9,6 @@ keep a ``consumed_samples`` counter in the checkpoint, so a resumed run continue
 samples the uninterrupted run would have seen.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 
 import lightning as L

@@ -6,8 +6,6 @@ Legend: x0 clean latents (B, C, T, H, W); sigma (B,) noise levels; D(x; sigma) t
     loss = lambda(sigma) * || D(x0 + sigma * n; sigma) - x0 ||^2,  lambda = (sigma^2 + sd^2) / (sigma * sd)^2
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

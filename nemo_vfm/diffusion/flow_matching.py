@@ -6,8 +6,6 @@
 The network receives ``t`` itself as its time input (the DiT scales it by ``timestep_scale``).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

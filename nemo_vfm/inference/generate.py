@@ -3,8 +3,6 @@
 Legend: N videos, C latent channels, (t, h, w) latent size, (T, H, W) pixel size.
 """
 
-from __future__ import annotations
-
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -7,8 +7,6 @@ comes from a generator seeded by ``(seed, global_step, rank)``, so a resumed run
 the uninterrupted run would have drawn.
 """
 
-from __future__ import annotations
-
 import copy
 import math
 from dataclasses import dataclass

@@ -10,8 +10,6 @@
 | quickstart | 4 | 128 | 4 | the CPU demo |
 """
 
-from __future__ import annotations
-
 from nemo_vfm.models.dit.model import DiTConfig
 
 FLAVORS: dict[str, dict] = {

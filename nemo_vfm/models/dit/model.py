@@ -9,8 +9,6 @@ S = t*h*w video tokens, L text tokens, D hidden size.
     context (B, L, D_text), context_mask (B, L) --> cross-attention keys/values
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +71,7 @@ class DiTConfig:
         if self.num_layers < 1 or self.in_channels < 1:
             raise ValueError("DiTConfig.num_layers and in_channels must be >= 1")
 
-    def build(self, device: str | torch.device | None = None) -> DiT:
+    def build(self, device: str | torch.device | None = None) -> "DiT":
         """The network for this config (see :func:`build_dit`)."""
         return build_dit(self, device)
 
@@ -108,8 +106,10 @@ class DiTBlock(nn.Module):
         self.adaln = AdaLNModulation(d, 9 if self.has_cross else 6, cfg.adaln_lora_rank)
 
     def forward(self, x_BSD: torch.Tensor, c: torch.Tensor, rope=None, context=None, context_mask=None,
-                shared_adaln=None, attn_mask=None) -> torch.Tensor:
+                shared_adaln=None, attn_mask=None, seg_ids=None) -> torch.Tensor:
         mods = self.adaln(c, shared_adaln)
+        if seg_ids is not None:  # packed: c is per segment (G, D); gather each token's modulation
+            mods = [m[:, 0][seg_ids][None] for m in mods]
         shift, scale, gate = mods[0:3]
         x_BSD = x_BSD + gate * self.attn(modulate(self.norm1(x_BSD), shift, scale), rope, attn_mask)
         if self.has_cross:
@@ -188,7 +188,9 @@ class DiT(nn.Module):
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
                 context_mask: torch.Tensor | None = None, class_labels: torch.Tensor | None = None,
-                fps: torch.Tensor | None = None) -> torch.Tensor:
+                fps: torch.Tensor | None = None, packed=None) -> torch.Tensor:
+        if packed is not None:
+            return self.forward_packed(x, timesteps, context, class_labels, fps, packed)
         B, C, T, H, W = x.shape
         grid = self.patch_embed.grid(T, H, W)
         if self.cfg.context_dim is not None and context is None:
@@ -202,6 +204,41 @@ class DiT(nn.Module):
             tokens = block(tokens, c, rope, context, context_mask, shared)
         out = self.final_layer(tokens, c)  # (B, S, pt*ph*pw*C_out)
         return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
+
+    def forward_packed(self, tokens: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None,
+                       class_labels: torch.Tensor | None, fps: torch.Tensor | None, packed) -> torch.Tensor:
+        """Packed THD input (see ``models/common/packed.py``): patch tokens ``(N, pt*ph*pw*C)`` of G segments,
+        timesteps/fps/labels per segment ``(G,)`` (or per token ``(N,)``, constant within a segment), text
+        ``(M, D_text)``; ``packed`` is a ``PackedBatch`` or ``PackedSeqs``. Returns ``(N, pt*ph*pw*C_out)``
+        (with ``learned_sigma``: the mean's ``pt*ph*pw*C`` features first, then the variance's)."""
+        from nemo_vfm.models.common.packed import PackedSeqs, packed_seqs, rope_from_positions, sincos_from_positions
+
+        ps = packed if isinstance(packed, PackedSeqs) else packed_seqs(packed)
+        n = tokens.shape[0]
+        if tokens.dim() != 2 or tokens.shape[1] != self.patch_embed.proj.in_features:
+            raise ValueError(f"packed tokens must be (N, {self.patch_embed.proj.in_features}) = (N, pt*ph*pw*C), "
+                             f"got {tuple(tokens.shape)}")
+        if self.cfg.context_dim is not None and context is None:
+            raise ValueError("this DiT has cross-attention (context_dim set): pass context (M, context_dim)")
+
+        def per_segment(v):
+            return v[ps.first_token] if v is not None and v.shape[0] == n else v
+
+        timesteps, fps, class_labels = per_segment(timesteps), per_segment(fps), per_segment(class_labels)
+        x = self.patch_embed.proj(tokens)[None]  # (1, N, D)
+        rope = None
+        if self.cfg.pos_embed == "rope3d":
+            rope = rope_from_positions(self.rope, ps.pos_ids, None if fps is None else fps[ps.seg_ids])
+        elif self.cfg.pos_embed != "none":
+            x = x + sincos_from_positions(self.cfg.pos_embed, self.cfg.hidden_size, ps.pos_ids)[None].to(x.dtype)
+        c, shared = self.condition(timesteps, class_labels, fps)  # (G, D)
+        ctx = None if context is None else context[None]
+        for block in self.blocks:
+            x = block(x, c, rope, ctx, ps.cross_attn, shared, ps.self_attn, seg_ids=ps.seg_ids)
+        out = self.final_layer(x, c[ps.seg_ids][None])[0]  # (N, pt*ph*pw*C_out)
+        if self.cfg.learned_sigma:  # (p q r (k c)) -> (k p q r c): mean features first
+            out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
+        return out
 
     @torch.no_grad()
     def init_weights(self):

@@ -1,0 +1,46 @@
+"""Training entry point: ``python launchers/train.py --factory NAME [--yes] [--dryrun] [overrides...]``.
+
+NeMo-Run CLI over :func:`nemo_vfm.train.train` with every registered recipe factory. Works the same
+under ``torchrun`` (each rank runs the task in-process). Unlike nemo-run's own CLI, errors (an unknown
+factory, a bad override such as ``model.bogus=1``) exit non-zero. Add ``-v`` for full tracebacks.
+
+    python launchers/train.py --factory quickstart --yes trainer.max_steps=50
+    python launchers/train.py --factory pretrain_xl --yes --dryrun
+    torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes
+"""
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    import nemo_run as run
+    import typer
+    import catalogue
+    from nemo_run.config import get_type_namespace
+
+    import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)
+    from nemo_vfm.train import train
+
+    for optional in ("nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data"):  # extra fiddlers, when installed
+        try:
+            __import__(optional)
+        except ModuleNotFoundError as e:
+            if e.name != optional:
+                raise
+
+    if "--factory" in argv:
+        i = argv.index("--factory") + 1
+        name = argv[i] if i < len(argv) else ""
+        known = sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train)]))
+        if name not in known:
+            print(f"error: unknown factory {name!r}; choose one of: {', '.join(known)}", file=sys.stderr)
+            return 2
+    entry = run.cli.entrypoint(namespace="vfm")(train)
+    app = typer.Typer(pretty_exceptions_enable=False)
+    entry.cli_entrypoint._add_command(app, is_main=True)
+    rc = app(args=argv, prog_name="launchers/train.py", standalone_mode=False)
+    return rc if isinstance(rc, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,259 @@
+"""How a :class:`~nemo_vfm.models.dit.model.DiT` is parallelised: the plan as data, applied from outside.
+
+Order (torchtitan's): tensor/sequence parallel -> context parallel -> activation checkpointing ->
+compile -> FSDP. The model code stays single-device; everything here works through module paths,
+forward hooks and the attention ``core`` attribute.
+
+Token flow under CP (c = cp rank) and SP (t = tp rank), S = t*h*w video tokens::
+
+    patch embed (all S tokens, every rank) --split cp, then tp--> blocks on S/(cp*tp) tokens
+    attention / MLP: all-gather over tp -> S/cp tokens -> (ring | all-to-all over cp) -> reduce-scatter
+    final layer (local tokens) --gather tp, then cp--> unpatchify (all tokens)
+
+Gradient bookkeeping: the final gather hands each CP rank ``cp x`` its slice of the gradient and
+the data-parallel mean over ``dp x cp`` turns that into the sum; parameters replicated over TP
+that saw only local tokens/heads are summed over TP (``TP_PARTIAL``); conditioning embedders that
+every pipeline stage runs are summed over PP (``PP_DUPLICATED``). See ``nemo_vfm.parallel.grads``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+from torch import nn
+
+from nemo_vfm.parallel import context_parallel as cpl
+from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
+from nemo_vfm.parallel.compile import compile_blocks
+from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.fsdp import apply_fsdp
+from nemo_vfm.parallel.mesh import ParallelMesh
+from nemo_vfm.parallel.tensor_parallel import apply_tensor_parallel
+
+# -- the plan (block-relative module path -> style); paths missing from a block are skipped ---------
+TP_PLAN: dict[str, str] = {
+    "attn": "sp_input",
+    "attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise",
+    "cross_attn": "sp_input",
+    "cross_attn.q": "colwise", "cross_attn.k": "colwise", "cross_attn.v": "colwise", "cross_attn.proj": "rowwise",
+    "mlp": "sp_input",
+    "mlp.fc1": "colwise", "mlp.fc2": "rowwise",  # GELU MLP
+    "mlp.w1": "colwise", "mlp.w3": "colwise", "mlp.w2": "rowwise",  # SwiGLU
+}
+SP_INPUT_ARITY = {"attn": 3, "cross_attn": 3, "mlp": 1}  # positional inputs; only the first is tokens
+SELF_ATTENTION_CORES = ("attn.core",)  # replaced under CP; cross-attention sees all text on every rank
+TP_PARTIAL = ("blocks.*.q_norm.weight", "blocks.*.k_norm.weight")  # per-head norms shared by local heads
+PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln.*")  # every stage has them
+BLOCK_TOKEN_ARGS = ("x_BSD",)  # block arguments that are token streams (split once, before block 0)
+BLOCK_PER_TOKEN_COND = ("c", "shared_adaln")  # split when per-token (B, S, D), kept when (B, D)
+
+
+def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
+    """Fail before building anything if ``cfg`` (a DiTConfig) does not divide along ``dims``.
+
+    ``latent_shape``: (T, H, W) of the training latents, to check the token count against CP/SP.
+    """
+    tokens = None
+    if latent_shape is not None:
+        pt, ph, pw = cfg.patch_size
+        t, h, w = latent_shape
+        tokens = (t // pt) * (h // ph) * (w // pw)
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens)
+
+
+class _TokenParallel:
+    """Splits/gathers the DiT token stream over CP (and TP under SP) via forward hooks."""
+
+    def __init__(self, pmesh: ParallelMesh):
+        d = pmesh.dims
+        self.cp = d.cp
+        self.cp_group = pmesh.group("cp") if d.cp > 1 else None
+        self.cp_rank = pmesh.rank("cp") if d.cp > 1 else 0
+        self.sp_group = pmesh.group("tp") if d.sequence_parallel else None
+
+    def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        if self.cp_group is not None:
+            x = cpl.split_tokens(x, dim, self.cp_group)
+        if self.sp_group is not None:
+            x = cpl.split_tokens(x, dim, self.sp_group)
+        return x
+
+    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        if self.sp_group is not None:
+            x = cpl.gather_tokens(x, dim, self.sp_group)
+        if self.cp_group is not None:
+            x = cpl.gather_tokens(x, dim, self.cp_group, grad_scale=float(self.cp))
+        return x
+
+    def rope(self, rope):
+        if rope is None or self.cp_group is None:
+            return rope
+        cos, sin = rope
+        n = cos.shape[1] // self.cp
+        return cos.narrow(1, self.cp_rank * n, n), sin.narrow(1, self.cp_rank * n, n)
+
+    def block_args(self, sig: inspect.Signature, args, kwargs, first: bool):
+        bound = sig.bind(*args, **kwargs)
+        a = bound.arguments
+        if a.get("attn_mask") is not None and self.cp_group is not None:
+            raise NotImplementedError("a dense attn_mask under context parallelism is not supported.")
+        if first:
+            for name in BLOCK_TOKEN_ARGS:
+                a[name] = self.split(a[name])
+        for name in BLOCK_PER_TOKEN_COND:
+            if a.get(name) is not None and a[name].dim() == 3:
+                a[name] = self.split(a[name])
+        if "rope" in a:
+            a["rope"] = self.rope(a["rope"])
+        return bound.args, bound.kwargs
+
+
+def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
+    blocks = list(model.blocks)
+    sig = inspect.signature(blocks[0].forward)
+
+    def pre(first):
+        return lambda mod, args, kwargs: tok.block_args(sig, args, kwargs, first)
+
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(pre(i == 0), with_kwargs=True)
+
+    def final_pre(mod, args):
+        x, c = args[0], args[1]
+        return (x, tok.split(c) if c.dim() == 3 else c) + tuple(args[2:])
+
+    model.final_layer.register_forward_pre_hook(final_pre)
+    model.final_layer.register_forward_hook(lambda mod, args, out: tok.gather(out))
+
+
+def _replace_cores(blocks, pmesh: ParallelMesh, backend: str) -> None:
+    d = pmesh.dims
+    for block in blocks:
+        for path in SELF_ATTENTION_CORES:
+            parent_path, _, attr = path.rpartition(".")
+            parent = block.get_submodule(parent_path)
+            inner = getattr(parent, attr)
+            setattr(parent, attr, cpl.ContextParallelCore(pmesh.group("cp"), d.cp_kind, backend=backend, inner=inner))
+
+
+def parallelize_dit(
+    model: nn.Module,
+    pmesh: ParallelMesh,
+    *,
+    activation_checkpointing: str = "none",
+    ac_every: int = 2,
+    compile: bool = False,
+    param_dtype: str | None = "bf16",
+    reduce_dtype: str | None = "fp32",
+    attention_backend: str = "auto",
+    reshard_after_forward: bool = True,
+    blocks_only: bool = False,
+) -> nn.Module:
+    """Apply TP/SP, CP, activation checkpointing, compile and FSDP to ``model`` in place; return it.
+
+    ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
+    """
+    d = pmesh.dims
+    check_layout(model.cfg, d)
+    blocks = model.blocks
+    owned = [b for b in blocks if not isinstance(b, nn.Identity)]
+    if d.tp > 1:
+        apply_tensor_parallel(owned, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
+                              sp_input_arity=SP_INPUT_ARITY)
+    if d.cp > 1:
+        _replace_cores(owned, pmesh, attention_backend)
+    if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
+        _install_token_hooks(model, _TokenParallel(pmesh))
+    apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
+    if compile:
+        compile_blocks(blocks)
+    if d.fsdp:
+        owned = [b for b in blocks if not isinstance(b, nn.Identity)]
+        apply_fsdp(model, owned, pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                   reshard_after_forward=reshard_after_forward)
+    return model
+
+
+# -- pipeline stages ---------------------------------------------------------------------------------
+def stage_layers(num_layers: int, num_stages: int) -> list[list[int]]:
+    """Contiguous, equal split of block indices over stages."""
+    per = num_layers // num_stages
+    return [list(range(s * per, (s + 1) * per)) for s in range(num_stages)]
+
+
+def make_stage(model: nn.Module, layers: list[int], first: bool, last: bool, tok: _TokenParallel) -> nn.Module:
+    """A copy of ``model`` that keeps only ``layers`` (other blocks become ``Identity``), the patch
+    embedding on the first stage, the final layer on the last, and the conditioning embedders on
+    every stage; parameter names are those of the full model, so checkpoints move between layouts.
+
+    Its forward: ``(x or tokens, timesteps, context=None, context_mask=None, class_labels=None,
+    fps=None) -> tokens (B, S_local, D)`` or, on the last stage, the output (B, C_out, T, H, W).
+    The latent grid ``(T, H, W)`` is set with :func:`set_stage_grid` before each step.
+    """
+    stage = copy.deepcopy(model)
+    keep = set(layers)
+    for i in range(len(stage.blocks)):
+        if i not in keep:
+            stage.blocks[i] = nn.Identity()
+    if not first:
+        stage.patch_embed = None
+    if not last:
+        stage.final_layer = None
+    stage._pp = {"first": first, "last": last, "layers": list(layers), "tok": tok, "grid": None}
+    stage.forward = _stage_forward.__get__(stage)
+    return stage
+
+
+def set_stage_grid(stage: nn.Module, latent_thw: tuple[int, int, int]) -> None:
+    stage._pp["grid"] = tuple(latent_thw)
+
+
+def _stage_forward(self, x, timesteps, context=None, context_mask=None, class_labels=None, fps=None):
+    pp = self._pp
+    tok: _TokenParallel = pp["tok"]
+    T, H, W = pp["grid"]
+    grid = (T // self.cfg.patch_size[0], H // self.cfg.patch_size[1], W // self.cfg.patch_size[2])
+    rope, pos = self.positions(grid, fps, device=x.device)
+    if pp["first"]:
+        tokens = self.patch_embed(x)
+        if pos is not None:
+            tokens = tokens + pos.to(tokens.dtype)
+        tokens = tok.split(tokens)
+    else:
+        tokens = x
+    c, shared = self.condition(timesteps, class_labels, fps)
+    rope = tok.rope(rope)
+    for i in pp["layers"]:
+        tokens = self.blocks[i](tokens, c, rope, context, context_mask, shared)
+    if not pp["last"]:
+        return tokens
+    from nemo_vfm.models.common.embeddings import unpatchify
+
+    out = tok.gather(self.final_layer(tokens, c))
+    return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
+
+
+def build_pipeline_stages(
+    model: nn.Module, pmesh: ParallelMesh, **parallelize_kwargs
+) -> tuple[list[nn.Module], list[int]]:
+    """This rank's stage modules (and their stage indices) for ``model``, parallelised.
+
+    Stage ``s`` of ``pp * v`` lives on pipeline rank ``s % pp`` (the looped layout that the
+    interleaved schedule expects); with ``v = 1`` rank ``r`` holds stage ``r``.
+    """
+    d = pmesh.dims
+    check_layout(model.cfg, d)
+    n = d.num_stages
+    layers = stage_layers(len(model.blocks), n)
+    rank = pmesh.rank("pp")
+    tok = _TokenParallel(pmesh)
+    stages, ids = [], []
+    for s in range(rank, n, d.pp):
+        stage = make_stage(model, layers[s], s == 0, s == n - 1, tok)
+        parallelize_dit(stage, pmesh, blocks_only=True,
+                        **{"reshard_after_forward": False, **parallelize_kwargs})
+        stages.append(stage)
+        ids.append(s)
+    return stages, ids

@@ -1,0 +1,161 @@
+"""DiT pre-training recipes: ``pretrain`` (base), ``pretrain_{s,b,l,xl,7b,14b,28b}`` and ``quickstart``.
+
+CLI (``launchers/train.py`` is ``run.cli.main(train)``)::
+
+    python launchers/train.py --factory pretrain_xl --yes trainer.max_steps=100
+    torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes
+    python launchers/train.py --factory quickstart --yes model.num_layers=2 data.batch_size=4
+
+Python::
+
+    import nemo_run as run
+    from nemo_vfm_recipes import dit
+    recipe = dit.pretrain_xl()
+    recipe.trainer.max_steps = 100
+    run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))
+"""
+
+from __future__ import annotations
+
+import nemo_run as run
+
+from nemo_vfm.data.synthetic import MockLatentDataModule, ShapesDataModule
+from nemo_vfm.diffusion.edm import EDM
+from nemo_vfm.diffusion.flow_matching import FlowMatching
+from nemo_vfm.inference.generate import SamplingConfig
+from nemo_vfm.lightning.module import OptimConfig
+from nemo_vfm.models.dit.flavors import FLAVORS
+from nemo_vfm.models.dit.model import DiTConfig
+from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+# Latent space of the default video tokenizer (Cosmos-style continuous 16-channel, 8x8 spatial, 4x temporal)
+# and the default text encoder (T5-XXL: 4096-dim, 512 tokens).
+LATENT_CHANNELS, TEXT_DIM, TEXT_LEN = 16, 4096, 512
+
+
+def dit_model(flavor: str, **overrides) -> run.Config[DiTConfig]:
+    """``run.Config`` of a named DiT flavor with text cross-attention, ready for overrides."""
+    return run.Config(DiTConfig, **{**FLAVORS[flavor], "in_channels": LATENT_CHANNELS, "context_dim": TEXT_DIM,
+                                    **overrides})
+
+
+def mock_data(batch_size: int = 1, num_frames: int = 8, height: int = 32, width: int = 32):
+    """Random latents for smoke and throughput runs: 8x32x32 latents at patch (1, 2, 2) are 2,048 tokens."""
+    return run.Config(MockLatentDataModule, latent_channels=LATENT_CHANNELS, num_frames=num_frames, height=height,
+                      width=width, context_dim=TEXT_DIM, context_length=TEXT_LEN, batch_size=batch_size)
+
+
+def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
+    """Switch the objective from EDM to rectified flow (velocity target, shifted logit-normal t)."""
+    recipe.objective = run.Config(FlowMatching, shift=shift)
+    recipe.sampling.sampler = "euler"
+    return recipe
+
+
+@run.cli.factory(target=train)
+def pretrain() -> run.Partial:
+    """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents. Every ``pretrain_*`` mutates it.
+
+    CLI: ``python launchers/train.py --factory pretrain --yes trainer.max_steps=10``
+    Python: ``recipe = dit.pretrain(); recipe.model.num_layers = 12``
+    """
+    return run.Partial(
+        train,
+        model=dit_model("xl"),
+        data=mock_data(),
+        trainer=run.Config(TrainerConfig, max_steps=100_000, precision="bf16-mixed", log_every_n_steps=10,
+                           checkpoint_every_n_steps=1000, gradient_clip_val=1.0),
+        objective=run.Config(EDM, p_mean=0.0, p_std=1.0),
+        optim=run.Config(OptimConfig, lr=1e-4, weight_decay=0.0, warmup_steps=1000),
+        log=run.Config(ExperimentConfig, name="pretrain", root="experiments"),
+        sampling=run.Config(SamplingConfig, enabled=False),
+        ema_decay=0.9999,
+        cond_dropout=0.1,
+        seed=1234,
+    )
+
+
+def _sized(flavor: str, name: str) -> run.Partial:
+    recipe = pretrain()
+    recipe.model = dit_model(flavor)
+    recipe.log.name = name
+    return recipe
+
+
+@run.cli.factory(target=train)
+def pretrain_s() -> run.Partial:
+    """DiT-S (12 layers, 384 hidden, 6 heads). CLI: ``launchers/train.py --factory pretrain_s --yes``"""
+    return _sized("s", "pretrain_s")
+
+
+@run.cli.factory(target=train)
+def pretrain_b() -> run.Partial:
+    """DiT-B (12 layers, 768 hidden, 12 heads). CLI: ``launchers/train.py --factory pretrain_b --yes``"""
+    return _sized("b", "pretrain_b")
+
+
+@run.cli.factory(target=train)
+def pretrain_l() -> run.Partial:
+    """DiT-L (24 layers, 1024 hidden, 16 heads). CLI: ``launchers/train.py --factory pretrain_l --yes``"""
+    return _sized("l", "pretrain_l")
+
+
+@run.cli.factory(target=train)
+def pretrain_xl() -> run.Partial:
+    """DiT-XL (28 layers, 1152 hidden, 16 heads). CLI: ``launchers/train.py --factory pretrain_xl --yes``
+    Python: ``recipe = dit.pretrain_xl(); run.run(recipe, executor=run.LocalExecutor())``"""
+    return _sized("xl", "pretrain_xl")
+
+
+@run.cli.factory(target=train)
+def pretrain_7b() -> run.Partial:
+    """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents).
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``"""
+    recipe = _sized("7b", "pretrain_7b")
+    recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
+    return recipe
+
+
+@run.cli.factory(target=train)
+def pretrain_14b() -> run.Partial:
+    """DiT-14B (36 layers, 5120 hidden, 40 heads, AdaLN-LoRA 256).
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_14b --yes``"""
+    recipe = _sized("14b", "pretrain_14b")
+    recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
+    return recipe
+
+
+@run.cli.factory(target=train)
+def pretrain_28b() -> run.Partial:
+    """DiT-28B (48 layers, 6144 hidden, 48 heads, AdaLN-LoRA 256).
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_28b --yes``"""
+    recipe = _sized("28b", "pretrain_28b")
+    recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
+    return recipe
+
+
+@run.cli.factory(target=train)
+def quickstart() -> run.Partial:
+    """A tiny text-to-video DiT on synthetic moving shapes, on the CPU in minutes (what ``make demo`` runs).
+
+    Videos of 8 frames at 32x32 pixels; the identity tokenizer folds 2x2 pixels into 12 channels, so the
+    latents are 12x8x16x16 and, at patch (1, 2, 2), 512 tokens per clip.
+    CLI: ``python launchers/train.py --factory quickstart --yes trainer.max_steps=50``
+    """
+    return run.Partial(
+        train,
+        model=run.Config(DiTConfig, **FLAVORS["quickstart"], in_channels=12, patch_size=(1, 2, 2), context_dim=64,
+                         mlp_ratio=4.0),
+        data=run.Config(ShapesDataModule, num_clips=512, num_frames=8, height=32, width=32, fps=8.0, batch_size=16,
+                        tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, text_encoder="hash",
+                        text_encoder_kwargs={"dim": 64, "max_length": 12}),
+        trainer=run.Config(TrainerConfig, max_steps=600, precision="32-true", accelerator="cpu", devices=1,
+                           log_every_n_steps=25, checkpoint_every_n_steps=100, gradient_clip_val=1.0),
+        objective=run.Config(EDM),
+        optim=run.Config(OptimConfig, lr=5e-4, warmup_steps=50, schedule="cosine"),
+        log=run.Config(ExperimentConfig, name="quickstart", root="experiments"),
+        sampling=run.Config(SamplingConfig, num_steps=24, guidance=3.0, num_samples=8),
+        ema_decay=0.995,
+        cond_dropout=0.1,
+        seed=1234,
+    )
