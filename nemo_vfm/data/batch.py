@@ -1,7 +1,7 @@
 """What the data path hands to the model: one sample as patch tokens, a packed THD batch, a padded batch.
 
-Legend: S tokens of one sample (t*h*w patches), P patch features ``C*pt*ph*pw`` (channel outermost,
-the flattening order of a ``Conv3d`` weight), L text tokens, D text width, N packed tokens, M packed
+Legend: S tokens of one sample (t*h*w patches), P patch features ``pt*ph*pw*C``
+(channel innermost, the order of ``PatchEmbed3D.patchify``), L text tokens, D text width, N packed tokens, M packed
 text tokens, G segments (samples) in a pack, B batch.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 import torch
+from einops import rearrange
 
 
 @dataclass
@@ -17,7 +18,7 @@ class TokenSample:
     """One clip or image as patch tokens. Images are ``T = 1`` (``latent_shape[1] == 1``)."""
 
     key: str
-    tokens: torch.Tensor  # (S, P) float
+    tokens: torch.Tensor  # (S, P) float, P = pt*ph*pw*C
     pos_ids: torch.Tensor  # (S, 3) long: (t, h, w) patch index, for per-sample RoPE
     loss_mask: torch.Tensor  # (S,) float: 1 real token, 0 padding
     text: torch.Tensor  # (L, D) float: real text tokens only (at least one)
@@ -67,6 +68,7 @@ class PackedBatch(_ToDevice):
     fps: torch.Tensor  # (G,)
     keys: list[str]
     meta: list[dict]
+    seq_lens: torch.Tensor  # (G,) long: real (unpadded) tokens of each segment, at its start
     num_real_tokens: int
     capacity: int  # max_seq_length * number of bins, for the efficiency
 
@@ -82,36 +84,52 @@ class PackedBatch(_ToDevice):
 
 @dataclass
 class VideoBatch(_ToDevice):
-    """Unpacked samples of one resolution/length bucket, stacked; text padded to the longest caption."""
+    """Unpacked samples of one resolution/length bucket, stacked; text padded to the longest caption.
+
+    Reads like the dict batches ``DiffusionModule.training_step`` takes (``batch["latents"]``,
+    ``batch.get("context")``...).
+    """
 
     latents: torch.Tensor  # (B, C, t, h, w)
-    text: torch.Tensor  # (B, L, D)
-    text_mask: torch.Tensor  # (B, L) bool, True = real token
+    context: torch.Tensor  # (B, L, D)
+    context_mask: torch.Tensor  # (B, L) bool, True = real token
     fps: torch.Tensor  # (B,)
-    keys: list[str]
+    sample_keys: list[str]
     meta: list[dict]
 
     def __len__(self) -> int:
         return self.latents.shape[0]
 
+    def __getitem__(self, name: str):
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default=None):
+        return getattr(self, name, default) if name in self.__dataclass_fields__ else default
+
 
 def patchify(latent: torch.Tensor, patch_size: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Latent ``(C, t, h, w)`` -> tokens ``(S, C*pt*ph*pw)`` in (t, h, w) order and pos ids ``(S, 3)``."""
+    """Latent ``(C, t, h, w)`` -> tokens ``(S, pt*ph*pw*C)`` in (t, h, w) order and pos ids ``(S, 3)``.
+
+    Features are ordered ``(pt ph pw C)``, as ``PatchEmbed3D.patchify`` does, so ``patch_embed.proj``
+    applies directly to them.
+    """
     c, t, h, w = latent.shape
     pt, ph, pw = patch_size
     if t % pt or h % ph or w % pw:
         raise ValueError(f"latent (t, h, w)=({t}, {h}, {w}) is not divisible by patch_size {tuple(patch_size)}; "
                          "prepare the data with sizes that are multiples of the patch size")
-    x = latent.reshape(c, t // pt, pt, h // ph, ph, w // pw, pw)
-    tokens = x.permute(1, 3, 5, 0, 2, 4, 6).reshape(-1, c * pt * ph * pw)
+    tokens = rearrange(latent, "c (t p) (h q) (w r) -> (t h w) (p q r c)", p=pt, q=ph, r=pw)
     gt, gh, gw = torch.meshgrid(torch.arange(t // pt), torch.arange(h // ph), torch.arange(w // pw), indexing="ij")
     pos = torch.stack([gt, gh, gw], dim=-1).reshape(-1, 3)
     return tokens, pos
 
 
 def unpatchify(tokens: torch.Tensor, latent_shape, patch_size: tuple[int, int, int]) -> torch.Tensor:
-    """Inverse of :func:`patchify`: tokens ``(S, C*pt*ph*pw)`` -> latent ``(C, t, h, w)``."""
+    """Inverse of :func:`patchify`: tokens ``(S[+pad], pt*ph*pw*C)`` -> latent ``(C, t, h, w)``."""
     c, t, h, w = (int(v) for v in latent_shape)
     pt, ph, pw = patch_size
-    x = tokens[: (t // pt) * (h // ph) * (w // pw)].reshape(t // pt, h // ph, w // pw, c, pt, ph, pw)
-    return x.permute(3, 0, 4, 1, 5, 2, 6).reshape(c, t, h, w)
+    n = (t // pt) * (h // ph) * (w // pw)
+    return rearrange(tokens[:n], "(t h w) (p q r c) -> c (t p) (h q) (w r)", t=t // pt, h=h // ph, w=w // pw,
+                     p=pt, q=ph, r=pw, c=c)

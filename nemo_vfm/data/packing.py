@@ -112,6 +112,7 @@ def pack_samples(samples: Sequence[TokenSample], pad_to_multiple: int = 1,
         fps=torch.as_tensor([s.fps for s in padded], dtype=torch.float32),
         keys=[s.key for s in padded],
         meta=[s.meta for s in padded],
+        seq_lens=torch.as_tensor([s.num_real_tokens for s in samples], dtype=torch.long),
         num_real_tokens=real,
         capacity=total,
     )
@@ -147,6 +148,7 @@ def concat_packs(packs: Sequence[PackedBatch]) -> PackedBatch:
         fps=torch.cat([p.fps for p in packs]),
         keys=[k for p in packs for k in p.keys],
         meta=[m for p in packs for m in p.meta],
+        seq_lens=torch.cat([p.seq_lens for p in packs]),
         num_real_tokens=sum(p.num_real_tokens for p in packs),
         capacity=sum(p.capacity for p in packs),
     )

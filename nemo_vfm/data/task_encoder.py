@@ -141,6 +141,6 @@ def stack_bucket(samples: list[ClipSample]) -> VideoBatch:
     mask[:, 0] |= ~mask.any(dim=1)  # an empty caption keeps one (zero) token so attention has a key
     n = int(mask.sum(1).max())
     text = torch.stack([torch.where(s.text_mask[:, None], s.text_emb, 0.0) for s in samples])[:, :n]
-    return VideoBatch(latents=torch.stack([s.latent for s in samples]), text=text, text_mask=mask[:, :n],
-                      fps=torch.tensor([s.fps for s in samples]), keys=[s.__key__ for s in samples],
+    return VideoBatch(latents=torch.stack([s.latent for s in samples]), context=text, context_mask=mask[:, :n],
+                      fps=torch.tensor([s.fps for s in samples]), sample_keys=[s.__key__ for s in samples],
                       meta=[s.meta for s in samples])

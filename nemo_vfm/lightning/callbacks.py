@@ -32,9 +32,14 @@ class ThroughputLogger(L.Callback):
             self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        lat = batch["latents"]
-        self._samples += lat.shape[0]
-        self._tokens += lat.shape[0] * tokens_per_sample(lat, self.patch_size)
+        if hasattr(batch, "cu_seqlens"):  # packed THD batch: count real tokens, one sample per segment
+            lat = batch.tokens
+            self._samples += batch.num_segments
+            self._tokens += batch.num_real_tokens
+        else:
+            lat = batch["latents"]
+            self._samples += lat.shape[0]
+            self._tokens += lat.shape[0] * tokens_per_sample(lat, self.patch_size)
         self._steps += 1
         if trainer.global_step % self.every and trainer.global_step != trainer.max_steps:
             return

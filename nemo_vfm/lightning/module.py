@@ -85,6 +85,8 @@ class DiffusionModule(L.LightningModule):
         return getattr(self.model_config, "num_classes", 0) or None
 
     def training_step(self, batch: dict, batch_idx: int):
+        if hasattr(batch, "cu_seqlens"):  # packed THD batch (nemo_vfm.data.batch.PackedBatch)
+            return self._packed_step(batch)
         x0 = batch["latents"]
         g = step_generator(self.seed, self.global_step, self.global_rank, x0.device)
         cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
@@ -95,6 +97,17 @@ class DiffusionModule(L.LightningModule):
         for k, v in logs.items():
             self.log(f"train/{k}", v, batch_size=bs)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
+        return loss
+
+    def _packed_step(self, batch):
+        from nemo_vfm.diffusion.packed import packed_training_loss
+
+        g = step_generator(self.seed, self.global_step, self.global_rank, batch.tokens.device)
+        loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_segments)
+        for k, v in logs.items():
+            self.log(f"train/{k}", v, batch_size=batch.num_segments)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.num_segments)
         return loss
 
     @torch.no_grad()

@@ -13,16 +13,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_vfm.models.common.embeddings import apply_rope
+from nemo_vfm.models.common.packed import PackedAttention
 
 
 class SDPACore(nn.Module):
     """``softmax(q k^T / sqrt(Dh)) v`` through ``F.scaled_dot_product_attention`` (flash/cuDNN on GPU).
 
     ``q (B, Hn, S, Dh)``, ``k, v (B, Hn, L, Dh)``, optional boolean ``mask`` broadcastable to
-    ``(B, Hn, S, L)`` with True = attend.
+    ``(B, Hn, S, L)`` with True = attend, or a :class:`PackedAttention` (packed THD sequences).
     """
 
     def forward(self, q, k, v, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(mask, PackedAttention):
+            return mask(q, k, v)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -91,7 +94,9 @@ class CrossAttention(nn.Module):
         k = self.k_norm(self._heads(self.k(context_BLC)))
         v = self._heads(self.v(context_BLC))
         mask = None
-        if context_mask_BL is not None:
+        if isinstance(context_mask_BL, PackedAttention):  # packed: each segment reads its own text
+            mask = context_mask_BL
+        elif context_mask_BL is not None:
             empty = ~context_mask_BL.any(dim=1, keepdim=True)
             mask = (context_mask_BL | empty)[:, None, None, :]  # (B, 1, 1, L)
         out = self.core(q, k, v, mask)
