@@ -1,0 +1,71 @@
+"""The ledger: an append-only jsonl with one row per finished input and one per clip.
+
+Rows carry the ``attempt`` (run number) that wrote them. An input is finished once its ``input``
+row is written (after all its clips' rows and staged files); a resumed run skips finished inputs
+and redoes the others from scratch. :meth:`Ledger.consolidated` keeps, for every finished input,
+its row and the clip rows of the same attempt: what the manifest and the shards are built from.
+
+Input rows: ``{"kind": "input", "input", "status": "done" | "error", "message", "clips", "kept",
+"filtered", "errors", "probe", "attempt"}``. Clip rows: ``{"kind": "clip", "input", "clip_id",
+"clip_index", "status": "kept" | "filtered" | "error", "reason", "span", "out", "scores",
+"caption", "attempt"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from nemo_vfm.curation.task import ClipTask
+
+
+class Ledger:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.rows: list[dict] = []
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        self.rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a torn last line from a crash: that input is not finished
+        self.attempt = 1 + max((r.get("attempt", 0) for r in self.rows), default=0)
+        self._fh = None
+
+    def finished(self) -> dict[str, dict]:
+        """Input id -> its final row, for inputs finished in any earlier attempt."""
+        return {r["input"]: r for r in self.rows if r.get("kind") == "input"}
+
+    def append(self, row: dict, sync: bool = False) -> None:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a")
+        row = {**row, "attempt": self.attempt}
+        self.rows.append(row)
+        self._fh.write(json.dumps(row, sort_keys=True) + "\n")
+        self._fh.flush()
+        if sync:
+            os.fsync(self._fh.fileno())
+
+    def clip_row(self, task: ClipTask) -> dict:
+        status = "kept" if task.status == "ok" else task.status
+        return {"kind": "clip", "input": task.rel, "clip_id": task.clip_id, "clip_index": task.clip_index,
+                "status": status, "reason": task.reason, "span": task.span, "out": task.out,
+                "scores": task.scores, "caption": task.caption}
+
+    def consolidated(self) -> tuple[list[dict], list[dict]]:
+        """(input rows, clip rows) of finished inputs, sorted, one row per id (latest finished attempt)."""
+        inputs = self.finished()
+        clips = {}
+        for r in self.rows:
+            if r.get("kind") == "clip" and r["input"] in inputs and r["attempt"] == inputs[r["input"]]["attempt"]:
+                clips[r["clip_id"]] = r
+        clip_rows = sorted(clips.values(), key=lambda r: (r["input"], r["clip_index"]))
+        return [inputs[k] for k in sorted(inputs)], clip_rows
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

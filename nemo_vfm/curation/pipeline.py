@@ -1,0 +1,175 @@
+"""``curate(input, output)``: raw videos in, captioned training clips in Energon-ready webdataset shards out.
+
+Stages: probe -> split -> transcode -> filter -> [embed] -> caption -> write (staging), run by the
+auto-balancing engine; then the staged clips are packed into tar shards and ``energon prepare``
+runs. Output layout::
+
+    OUTPUT/ledger.jsonl     every input and clip ever finished (append-only; drives resume)
+    OUTPUT/manifest.jsonl   consolidated: one row per input and per clip
+    OUTPUT/report.json      per-stage throughput, workers, bottleneck of the last run
+    OUTPUT/config.json      the settings of the first run
+    OUTPUT/shards/          shard-000000.tar ... + .nv-meta/ (the Energon dataset)
+    OUTPUT/.staging/        per-input clip files the shards are packed from
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nemo_vfm.curation.config import CurationConfig
+from nemo_vfm.curation.engine import Engine, PipelineReport
+from nemo_vfm.curation.ledger import Ledger
+from nemo_vfm.curation.task import ClipTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CurationResult:
+    output: Path
+    shards_dir: Path
+    shards: list[Path]
+    inputs: int  # found under INPUT
+    skipped: int  # already finished in an earlier run
+    counts: dict = field(default_factory=dict)  # clips kept/filtered/error, inputs done/error (all runs)
+    report: PipelineReport | None = None
+
+
+def discover_inputs(input_path: str | os.PathLike, extensions: tuple) -> tuple[Path, list[str]]:
+    """(root, sorted relative paths) of the video files under ``input_path`` (a folder or one file)."""
+    p = Path(input_path)
+    if p.is_file():
+        return p.parent.resolve(), [p.name]
+    if not p.is_dir():
+        raise FileNotFoundError(f"input {str(input_path)!r} does not exist; give a video file or a folder of videos")
+    rels = sorted(q.relative_to(p).as_posix() for q in p.rglob("*")
+                  if q.is_file() and q.suffix.lower() in extensions and not q.name.startswith("."))
+    return p.resolve(), rels
+
+
+def build_stages(config: CurationConfig, staging_root: Path) -> list:
+    """The stage objects for ``config`` (nothing heavy happens until a worker calls ``setup``)."""
+    from nemo_vfm.curation.caption import CaptionStage
+    from nemo_vfm.curation.embed import EmbedStage
+    from nemo_vfm.curation.filters import FilterStage
+    from nemo_vfm.curation.probe import ProbeStage
+    from nemo_vfm.curation.split import SplitStage
+    from nemo_vfm.curation.transcode import TranscodeStage
+    from nemo_vfm.curation.writer import ClipWriterStage
+
+    c = config
+    stages = [
+        ProbeStage(),
+        SplitStage(method=c.split, threshold=c.shot_threshold, min_clip_s=c.min_clip_s, max_clip_s=c.max_clip_s,
+                   detect_width=c.detect_width),
+        TranscodeStage(fps=c.fps, height=c.height, width=c.width, aspect=c.aspect, upscale=c.upscale, crf=c.crf,
+                       preset=c.preset),
+        FilterStage(min_duration_s=c.min_clip_s, min_height=c.min_height, min_motion=c.min_motion,
+                    black_luma=c.black_luma, max_black_fraction=c.max_black_fraction, frozen_diff=c.frozen_diff,
+                    max_frozen_fraction=c.max_frozen_fraction, scorers=c.scorers),
+    ]
+    if c.embed != "none":
+        stages.append(EmbedStage(kind=c.embed))
+    if c.caption != "none":
+        stages.append(CaptionStage(mode=c.caption, template=c.caption_template, vlm_model=c.vlm_model,
+                                   vlm_prompt=c.vlm_prompt))
+    stages.append(ClipWriterStage(staging_root=str(staging_root)))
+    return stages
+
+
+def _check_config(output: Path, config: CurationConfig) -> None:
+    path, now = output / "config.json", dataclasses.asdict(config)
+    if not path.exists():
+        path.write_text(json.dumps(now, indent=1, sort_keys=True, default=list))
+        return
+    before = json.loads(path.read_text())
+    changed = sorted(k for k in now if json.dumps(now[k], default=list) != json.dumps(before.get(k), default=list)
+                     and k not in ("engine", "ray_address", "num_workers", "balance", "rebalance_interval_s"))
+    if changed:
+        log.warning("settings %s differ from the first run in %s; finished inputs keep their results "
+                    "(delete %s to redo everything)", changed, output, output / "ledger.jsonl")
+
+
+def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config: CurationConfig | None = None,
+           *, on_input_done: Callable[[str, dict], None] | None = None, on_start: Callable[[int, int], None] | None = None,
+           **overrides) -> CurationResult:
+    """Curate every video under ``input_path`` into ``output_path`` (resumable; see the module docstring).
+
+    ``overrides`` replace fields of ``config``. ``on_start(total_inputs, already_finished)`` and
+    ``on_input_done(rel, ledger_row)`` report progress; an exception raised by them stops the run
+    cleanly (the next run resumes).
+    """
+    config = dataclasses.replace(config or CurationConfig(), **overrides) if overrides else (config or CurationConfig())
+    root, rels = discover_inputs(input_path, config.extensions)
+    output = Path(output_path)
+    output.mkdir(parents=True, exist_ok=True)
+    _check_config(output, config)
+    staging, shards_dir = output / ".staging", output / "shards"
+    ledger = Ledger(output / "ledger.jsonl")
+    finished = ledger.finished()
+    todo = [r for r in rels if r not in finished]
+    if on_start:
+        on_start(len(rels), len(rels) - len(todo))
+    report = None
+    if todo:
+        from nemo_vfm.curation.backends import make_backend
+        from nemo_vfm.curation.writer import staging_dir
+
+        for rel in todo:  # a crashed attempt may have staged part of this input: start it clean
+            shutil.rmtree(staging_dir(staging, rel), ignore_errors=True)
+        stages = build_stages(config, staging)
+        budget = config.num_workers or (os.cpu_count() or 1) + len(stages)
+        summaries: dict[str, dict] = {}
+
+        def on_finished(t: ClipTask) -> None:
+            s = summaries.setdefault(t.rel, {"kind": "input", "input": t.rel, "status": "done", "message": "",
+                                             "clips": 0, "kept": 0, "filtered": 0, "errors": 0, "probe": {}})
+            if t.probe and not s["probe"]:
+                s["probe"] = {k: v for k, v in t.probe.items() if k != "cuts"}
+            if t.clip_index < 0:  # the whole input failed before it was split
+                if t.status != "ok":
+                    s["status"], s["message"] = "error", t.reason
+                return
+            row = ledger.clip_row(t)
+            ledger.append(row)
+            s["clips"] += 1
+            s[{"kept": "kept", "filtered": "filtered", "error": "errors"}[row["status"]]] += 1
+
+        def input_done(rel: str) -> None:
+            row = summaries.pop(rel, None) or {"kind": "input", "input": rel, "status": "done", "message": "",
+                                               "clips": 0, "kept": 0, "filtered": 0, "errors": 0, "probe": {}}
+            ledger.append(row, sync=True)
+            if on_input_done:
+                on_input_done(rel, row)
+
+        backend = make_backend(config.engine, config.ray_address, num_cpus=budget)
+        engine = Engine(stages, backend, budget=budget, rebalance_interval_s=config.rebalance_interval_s,
+                        balance=config.balance)
+        tasks = (ClipTask(source=str(root / rel), rel=rel) for rel in todo)
+        try:
+            report = engine.run(tasks, on_finished, input_done)
+        finally:
+            ledger.close()
+        (output / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+    input_rows, clip_rows = ledger.consolidated()
+    with open(output / "manifest.jsonl.tmp", "w") as f:
+        for row in input_rows + clip_rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    os.replace(output / "manifest.jsonl.tmp", output / "manifest.jsonl")
+    from nemo_vfm.curation.shards import energon_prepare, pack_shards
+
+    shards = pack_shards(clip_rows, staging, shards_dir, config.shard_size)
+    if shards and config.energon_prepare:
+        energon_prepare(shards_dir)
+    counts = {"inputs_done": sum(r["status"] == "done" for r in input_rows),
+              "inputs_error": sum(r["status"] == "error" for r in input_rows),
+              **{k: sum(r["status"] == k for r in clip_rows) for k in ("kept", "filtered", "error")}}
+    return CurationResult(output=output, shards_dir=shards_dir, shards=shards, inputs=len(rels),
+                          skipped=len(rels) - len(todo), counts=counts, report=report)
