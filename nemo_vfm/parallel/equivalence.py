@@ -1,0 +1,208 @@
+"""Check that a parallel layout trains exactly like one process: same losses, gradients, weights.
+
+Used by ``tests/parallel`` (gloo, CPU) and ``bench/parallel_equivalence.py`` (NCCL, GPUs):
+
+    problem = make_problem(cfg)                      # fixed weights, batch, noise levels, noise
+    ref = run_reference(cfg, problem, steps=3)       # plain model, one process
+    got = run_layout(cfg, problem, dims, steps=3)    # every rank; got["grads"] are full tensors
+    errors = compare(ref, got)                       # max relative errors
+
+The objective is EDM's (preconditioning and loss weight) with noise levels and noise fixed in the
+problem, so that every layout sees the same numbers; SGD keeps weight differences proportional to
+gradient differences (Adam would amplify round-off in near-zero gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.grads import clean_name, clip_grad_norm_, sync_grads
+
+
+def tiny_config(**overrides):
+    """A 4-block DiT with cross-attention, QK-norm, AdaLN-LoRA and 3D RoPE (every parallel path)."""
+    from nemo_vfm.models.dit.model import DiTConfig
+
+    kw = dict(num_layers=4, hidden_size=64, num_heads=4, in_channels=4, patch_size=(1, 2, 2), context_dim=32,
+              adaln_lora_rank=8, qk_norm=True, mlp="gelu", pos_embed="rope3d")
+    return DiTConfig(**{**kw, **overrides})
+
+
+def make_problem(cfg, *, batch: int = 4, latent=(2, 4, 4), text_len: int = 5, seed: int = 0) -> dict:
+    """Weights (perturbed away from the zero init so every gradient is informative) and one batch."""
+    from nemo_vfm.diffusion.edm import EDM
+
+    torch.manual_seed(seed)
+    model = cfg.build("cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(seed + 1)
+    T, H, W = latent
+    x0 = torch.randn(batch, cfg.in_channels, T, H, W, generator=g)
+    edm = EDM()
+    sigma = edm.sample_sigma(batch, g)
+    noise = torch.randn(x0.shape, generator=g)
+    c_skip, c_out, c_in, c_noise = edm.precondition(sigma)
+    ctx = torch.randn(batch, text_len, cfg.context_dim, generator=g) if cfg.context_dim else None
+    mask = torch.ones(batch, text_len, dtype=torch.bool)
+    mask[0, 3:] = False
+    return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "x0": x0, "sigma": sigma,
+            "x_noisy": x0 + sigma.view(-1, 1, 1, 1, 1) * noise, "c_skip": c_skip, "c_out": c_out, "c_in": c_in,
+            "c_noise": c_noise, "weight": edm.loss_weight(sigma), "context": ctx, "context_mask": mask,
+            "latent": latent}
+
+
+def _rows(problem: dict, sl: slice, device) -> dict:
+    return {k: (v[sl].to(device) if torch.is_tensor(v) and k != "state" else v) for k, v in problem.items()}
+
+
+def per_sample_loss(out: torch.Tensor, b: dict, idx: torch.Tensor) -> torch.Tensor:
+    """EDM loss of samples ``idx`` given the network output ``out`` (len(idx), C, T, H, W): (len(idx),)."""
+    v = lambda t: t[idx].view(-1, 1, 1, 1, 1)
+    denoised = v(b["c_skip"]) * b["x_noisy"][idx] + v(b["c_out"]) * out.float()
+    return b["weight"][idx] * ((denoised - b["x0"][idx]) ** 2).flatten(1).mean(1)
+
+
+def _net_inputs(b: dict) -> tuple[torch.Tensor, dict]:
+    x_in = b["x_noisy"] * b["c_in"].view(-1, 1, 1, 1, 1)
+    cond = {"context": b["context"], "context_mask": b["context_mask"]}
+    return x_in, {k: v for k, v in cond.items() if v is not None}
+
+
+def run_reference(cfg, problem: dict, *, steps: int = 3, lr: float = 0.5, max_norm: float = 1.0) -> dict:
+    """The single-process run: per step the loss, gradient norm and gradients; final weights."""
+    model = cfg.build("meta").to_empty(device="cpu")
+    model.load_state_dict(problem["state"])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    b = _rows(problem, slice(None), "cpu")
+    x_in, cond = _net_inputs(b)
+    res = {"loss": [], "norm": [], "grads": []}
+    for _ in range(steps):
+        opt.zero_grad()
+        out = model(x_in, b["c_noise"], **cond)
+        loss = per_sample_loss(out, b, torch.arange(x_in.shape[0])).mean()
+        loss.backward()
+        res["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        res["norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
+        res["loss"].append(loss.item())
+        opt.step()
+    res["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return res
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _collect(modules, what: str) -> dict:
+    out = {}
+    for m in modules:
+        for n, p in m.named_parameters():
+            t = p.grad if what == "grad" else p.detach()
+            name = clean_name(n)
+            if t is not None:
+                full = _full(t).detach().float().cpu().clone()
+                out.setdefault(name, full)
+    return out
+
+
+def build_parallel(cfg, problem: dict, dims: ParallelDims, device, **parallelize_kwargs):
+    """(pmesh, modules, runner or None) for ``dims``, loaded with the problem's weights."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from nemo_vfm.models.dit import parallelize as P
+    from nemo_vfm.parallel.mesh import build_mesh
+
+    pmesh = build_mesh(dims, device.type)
+    model = cfg.build("meta").to_empty(device=device)
+    model.load_state_dict({k: v.to(device) for k, v in problem["state"].items()})
+    kw = {"param_dtype": None, "reduce_dtype": None, **parallelize_kwargs}
+    if dims.pp > 1:
+        from nemo_vfm.parallel.pipeline import PipelineRunner
+
+        stages, ids = P.build_pipeline_stages(model, pmesh, **kw)
+        for st in stages:
+            P.set_stage_grid(st, problem["latent"])
+        runner = PipelineRunner(stages, ids, pmesh, device=device, pp_duplicated=P.PP_DUPLICATED)
+        modules = stages
+    else:
+        runner = None
+        modules = [P.parallelize_dit(model, pmesh, **kw)]
+    # a state dict saved from the plain model loads into any layout (exercised again by DCP tests)
+    full = {k: v.to(device) for k, v in problem["state"].items()}
+    for m in modules:
+        set_model_state_dict(m, full, options=StateDictOptions(full_state_dict=True, strict=False))
+    return pmesh, modules, runner
+
+
+def run_layout(cfg, problem: dict, dims: ParallelDims, *, steps: int = 3, lr: float = 0.5, max_norm: float = 1.0,
+               device=None, **parallelize_kwargs) -> dict:
+    """The same run under ``dims`` (call on every rank); gradients and weights come back full-size."""
+    from nemo_vfm.models.dit import parallelize as P
+
+    device = torch.device(device or "cpu")
+    pmesh, modules, runner = build_parallel(cfg, problem, dims, device, **parallelize_kwargs)
+    params = [p for m in modules for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=lr)
+    B = problem["x0"].shape[0]
+    dp, dp_rank = pmesh.size("dp"), pmesh.rank("dp")
+    if B % dp:
+        raise ValueError(f"batch {B} is not divisible by {dp} data-parallel ranks.")
+    n = B // dp
+    b = _rows(problem, slice(dp_rank * n, (dp_rank + 1) * n), device)
+    x_in, cond = _net_inputs(b)
+    res = {"loss": [], "norm": [], "grads": []}
+    for _ in range(steps):
+        opt.zero_grad()
+        if runner is None:
+            out = modules[0](x_in, b["c_noise"], **cond)
+            loss = per_sample_loss(out, b, torch.arange(n, device=device)).mean()
+            loss.backward()
+        else:
+            loss, _ = runner.step(x_in, lambda o, idx: per_sample_loss(o, b, idx).sum() / n,
+                                  timesteps=b["c_noise"], **cond)
+            loss = runner.broadcast_loss(loss, device)
+            runner.sync_duplicated_grads()
+        for m in modules:
+            sync_grads(m, pmesh, tp_partial=P.TP_PARTIAL)
+        res["grads"].append(_collect(modules, "grad"))
+        res["norm"].append(clip_grad_norm_(modules, max_norm, pmesh, pp_duplicated=P.PP_DUPLICATED).item())
+        loss = loss.detach().float().clone()
+        dist.all_reduce(loss, group=pmesh.group("dp"))
+        res["loss"].append(loss.item() / dp)
+        opt.step()
+    res["params"] = _collect(modules, "param")
+    return res
+
+
+def merge_ranks(results: list[dict]) -> dict:
+    """Combine per-rank results (pipeline ranks hold different parameters) into one."""
+    merged = {"loss": results[0]["loss"], "norm": results[0]["norm"], "params": {},
+              "grads": [{} for _ in results[0]["grads"]]}
+    for r in results:
+        for n, t in r["params"].items():
+            merged["params"].setdefault(n, t)
+        for s, gs in enumerate(r["grads"]):
+            for n, t in gs.items():
+                merged["grads"][s].setdefault(n, t)
+    return merged
+
+
+def compare(ref: dict, got: dict) -> dict:
+    """Max relative errors of losses, norms, gradients (over all steps) and final weights."""
+    def rel(a, b):
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+    missing = set(ref["params"]) - set(got["params"])
+    if missing:
+        raise AssertionError(f"parameters missing from the parallel run: {sorted(missing)[:5]}")
+    return {
+        "loss": max(abs(a - b) / abs(b) for a, b in zip(got["loss"], ref["loss"])),
+        "norm": max(abs(a - b) / abs(b) for a, b in zip(got["norm"], ref["norm"])),
+        "grads": max(rel(g[n], r[n]) for g, r in zip(got["grads"], ref["grads"]) for n in r),
+        "params": max(rel(got["params"][n], ref["params"][n]) for n in ref["params"]),
+    }

@@ -1,0 +1,153 @@
+"""Gradient reductions that FSDP/DTensor do not do by themselves, and clipping across the whole mesh.
+
+After ``backward`` and before the optimizer step, :func:`sync_grads` makes every gradient equal to
+the gradient of the single-process loss (averaged over data-parallel ranks):
+
+1. *Tensor-parallel partial* parameters are summed over TP: parameters replicated over TP that saw
+   only this rank's tokens (everything that is not TP-sharded, under sequence parallel) or only
+   this rank's heads (per-head QK-norm weights).
+2. *Pipeline-duplicated* parameters (the conditioning embedders that every stage runs) are summed
+   over PP.
+3. Without FSDP, all gradients are averaged over ``dp_cp`` (data-parallel and CP ranks; CP ranks
+   carry gradients pre-scaled by ``cp`` by the token gather, so the average is their sum).
+
+Parameters are recognised by name (wrapper prefixes such as ``_checkpoint_wrapped_module.`` and
+``_orig_mod.`` are ignored), so this works before and after FSDP/AC/compile wrapping.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+
+from nemo_vfm.parallel.mesh import ParallelMesh
+
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def is_tp_sharded(p: torch.Tensor) -> bool:
+    return isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    return g.to_local() if isinstance(g, DTensor) else g
+
+
+def _all_reduce_flat(tensors: list[torch.Tensor], group, op) -> None:
+    """All-reduce a list of tensors with one collective (flattened into a buffer)."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, op=op, group=group)
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off : off + t.numel()].view_as(t))
+        off += t.numel()
+
+
+@torch.no_grad()
+def sync_grads(
+    model: nn.Module,
+    pmesh: ParallelMesh,
+    *,
+    tp_partial: tuple[str, ...] = (),
+    pp_duplicated: tuple[str, ...] = (),
+    fsdp: bool | None = None,
+) -> None:
+    """Reduce gradients as described in the module docstring (call after backward, before step).
+
+    ``tp_partial`` / ``pp_duplicated``: fnmatch patterns of parameter names.
+    """
+    dims = pmesh.dims
+    fsdp = dims.fsdp if fsdp is None else fsdp
+    named = [(clean_name(n), p) for n, p in model.named_parameters() if p.grad is not None]
+    if dims.tp > 1:
+        part = [
+            _local(p.grad)
+            for n, p in named
+            if (dims.sequence_parallel and not is_tp_sharded(p)) or _matches(n, tp_partial)
+        ]
+        by_dtype: dict[torch.dtype, list] = {}
+        for g in part:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for gs in by_dtype.values():
+            _all_reduce_flat(gs, pmesh.group("tp"), dist.ReduceOp.SUM)
+    if dims.pp > 1 and pp_duplicated:
+        dup = [_local(p.grad) for n, p in named if _matches(n, pp_duplicated)]
+        _all_reduce_flat(dup, pmesh.group("pp"), dist.ReduceOp.SUM)
+    if not fsdp and pmesh.size("dp_cp") > 1:
+        n = pmesh.size("dp_cp")
+        grads = [_local(p.grad) for _, p in named]
+        _all_reduce_flat(grads, pmesh.group("dp_cp"), dist.ReduceOp.SUM)
+        for g in grads:
+            g.div_(n)
+
+
+def _copies(p: torch.Tensor, pmesh: ParallelMesh, duplicated_over_pp: bool) -> int:
+    """How many ranks hold an identical copy of this rank's piece of ``p``'s gradient."""
+    stage_size = pmesh.dims.world_size // pmesh.dims.pp
+    if isinstance(p, DTensor):
+        mesh = p.device_mesh
+        rep = math.prod(mesh.size(i) for i, pl in enumerate(p.placements) if isinstance(pl, Replicate))
+        copies = stage_size // mesh.size() * rep
+    else:
+        copies = stage_size
+    return copies * (pmesh.dims.pp if duplicated_over_pp else 1)
+
+
+@torch.no_grad()
+def total_grad_norm(
+    model: nn.Module | list[nn.Module], pmesh: ParallelMesh, *, pp_duplicated: tuple[str, ...] = ()
+) -> torch.Tensor:
+    """L2 norm of all gradients of the whole (sharded, pipelined) model, identical on every rank.
+
+    ``model``: the module, or this rank's pipeline stage modules. Each rank adds its local squared
+    norms divided by the number of ranks holding the same piece, and one all-reduce over the world
+    sums them. Duplicated conditioning parameters count once.
+    """
+    modules = model if isinstance(model, (list, tuple)) else [model]
+    device = None
+    sq = None
+    for mod in modules:
+        for n, p in mod.named_parameters():
+            if p.grad is None:
+                continue
+            g = _local(p.grad)
+            device = g.device
+            dup = _matches(clean_name(n), pp_duplicated)
+            term = g.float().pow(2).sum() / (_copies(p, pmesh, dup) * (len(modules) if dup else 1))
+            sq = term if sq is None else sq + term
+    if sq is None:
+        sq = torch.zeros((), device=device or torch.device(pmesh.device_type))
+    sq = sq.to(torch.float64)
+    dist.all_reduce(sq, op=dist.ReduceOp.SUM)
+    return sq.sqrt().float()
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    model: nn.Module | list[nn.Module], max_norm: float, pmesh: ParallelMesh, *, pp_duplicated: tuple[str, ...] = ()
+) -> torch.Tensor:
+    """Scale all gradients so that their global norm is at most ``max_norm``; return the norm before."""
+    norm = total_grad_norm(model, pmesh, pp_duplicated=pp_duplicated)
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for mod in model if isinstance(model, (list, tuple)) else [model]:
+        for p in mod.parameters():
+            if p.grad is not None:
+                _local(p.grad).mul_(coef.to(_local(p.grad).device))
+    return norm

@@ -1,0 +1,73 @@
+"""Tensor (and sequence) parallelism from a plan written as data.
+
+A plan maps module paths *inside one transformer block* to a style name:
+
+- ``"colwise"``: output features split across TP ranks (q/k/v, MLP in); returns local shards.
+- ``"rowwise"``: input features split, partial outputs summed (attention out, MLP out); under
+  sequence parallel the sum is a reduce-scatter onto the token dimension.
+- ``"sp_input"``: a module whose first argument is the token stream: under sequence parallel it
+  is all-gathered over the tokens before the module runs (no-op without SP).
+
+Without sequence parallel every TP rank holds all tokens between sub-layers; with it, each holds
+``1/tp`` of them, so norms, modulation and residual adds run on the local slice.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+STYLES = ("colwise", "rowwise", "sp_input")
+
+
+def style_for(name: str, sequence_parallel: bool, n_inputs: int = 1):
+    """The torch ``ParallelStyle`` for a plan entry, or None when it is a no-op in this setting."""
+    if name == "colwise":
+        return ColwiseParallel()
+    if name == "rowwise":
+        return RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
+    if name == "sp_input":
+        if not sequence_parallel:
+            return None
+        return PrepareModuleInput(
+            input_layouts=(Shard(1),) + (None,) * (n_inputs - 1),
+            desired_input_layouts=(Replicate(),) + (None,) * (n_inputs - 1),
+            use_local_output=True,
+        )
+    raise ValueError(f"unknown tensor-parallel style {name!r}; use one of {STYLES}.")
+
+
+def apply_tensor_parallel(
+    blocks: nn.ModuleList | list[nn.Module],
+    tp_mesh: DeviceMesh,
+    plan: dict[str, str],
+    *,
+    sequence_parallel: bool = False,
+    sp_input_arity: dict[str, int] | None = None,
+) -> None:
+    """Apply ``plan`` (block-relative path -> style) to every block in place.
+
+    ``sp_input_arity`` gives the number of positional inputs of each ``sp_input`` module (only the
+    first is gathered). Paths missing from a block (e.g. no cross-attention) are skipped.
+    """
+    sp_input_arity = sp_input_arity or {}
+    for block in blocks:
+        names = dict(block.named_modules())
+        torch_plan = {}
+        for path, style in plan.items():
+            if path not in names:
+                continue
+            s = style_for(style, sequence_parallel, sp_input_arity.get(path, 1))
+            if s is not None:
+                torch_plan[path] = s
+        # sp_input entries first: parallelize_module applies in dict order and a parent's input hook
+        # must exist before the children are converted.
+        ordered = dict(sorted(torch_plan.items(), key=lambda kv: not isinstance(kv[1], PrepareModuleInput)))
+        parallelize_module(block, tp_mesh, ordered)
