@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 from collections import deque
@@ -60,11 +61,62 @@ class StatefulLoader:
         return self.real_tokens / self.capacity if self.capacity else 0.0
 
 
+def _blend_file(blend) -> Path:
+    import hashlib
+    import tempfile
+
+    from nemo_vfm.data.blend import write_blend
+
+    pairs = [(str(Path(p).resolve()), float(w)) for p, w in blend]
+    digest = hashlib.sha1(json.dumps(pairs).encode()).hexdigest()[:12]
+    return write_blend(Path(tempfile.gettempdir()) / "nemo_vfm_blends" / f"blend-{digest}.yaml", pairs)
+
+
+def dataset_folders(path: str | Path) -> list[Path]:
+    """The prepared dataset folders behind ``path`` (itself, or every entry of a blend yaml)."""
+    import yaml
+
+    p = Path(path)
+    if p.suffix not in (".yaml", ".yml"):
+        return [p]
+    doc = yaml.safe_load(p.read_text())
+    entries = (doc.get("splits", {}).get("train", {}) or {}).get("blend", [])
+    return [(p.parent / e["path"]).resolve() for e in entries if "path" in e]
+
+
+def peek(path: str | Path, n: int = 16) -> list[dict]:
+    """Metadata of the first ``n`` samples of the first shard (plus ``text_dim``), read straight from the tar."""
+    import io
+    import json
+    import tarfile
+
+    import numpy as np
+
+    from nemo_vfm.data.schema import META, TEXT_EMB
+
+    folder = dataset_folders(path)[0]
+    shards = sorted(folder.glob("*.tar"))
+    if not shards:
+        raise FileNotFoundError(f"no *.tar shards in {folder}")
+    out: dict[str, dict] = {}
+    with tarfile.open(shards[0]) as tf:
+        for m in tf:
+            key, _, part = m.name.rpartition("/")[2].partition(".")
+            if part == META:
+                out.setdefault(key, {}).update(json.loads(tf.extractfile(m).read()))
+            elif part == TEXT_EMB:
+                out.setdefault(key, {})["text_dim"] = int(np.load(io.BytesIO(tf.extractfile(m).read())).shape[1])
+            if len(out) > n:
+                break
+    return [v for v in out.values() if "latent_shape" in v][:n]
+
+
 class EnergonDataModule(pl.LightningDataModule):
     """Training batches from a prepared dataset folder or a blend (metadataset ``.yaml``).
 
     Args:
         path: a folder written by ``vfm prepare`` or a metadataset yaml (see :func:`write_blend`).
+        blend: instead of ``path``: ``[(folder, weight), ...]``, written to a metadataset yaml here.
         micro_batch_size: bins per micro-batch (packing) or samples per bucket batch.
         patch_size: the DiT patch ``(pt, ph, pw)``.
         max_seq_length: bin capacity in tokens; ``None`` = no packing, resolution/length buckets.
@@ -76,12 +128,17 @@ class EnergonDataModule(pl.LightningDataModule):
         mesh / dp_dims: the device mesh and its data-parallel dims; default: the trainer strategy's mesh.
     """
 
-    def __init__(self, path: str, *, micro_batch_size: int = 1, patch_size=(1, 2, 2),
+    def __init__(self, path: str | None = None, *, blend: list | None = None, micro_batch_size: int = 1, patch_size=(1, 2, 2),
                  max_seq_length: int | None = None, pad_to_multiple: int = 1, packing_buffer_size: int = 64,
                  num_workers: int = 0, shuffle_buffer_size: int | None = 64,
                  max_samples_per_sequence: int | None = None, seed: int = 0, mesh=None,
                  dp_dims: tuple[str, ...] | None = None, log_every_n_batches: int = 100):
         super().__init__()
+        if (path is None) == (blend is None):
+            raise ValueError("EnergonDataModule needs exactly one of path= (a prepared folder or blend yaml) or "
+                             "blend=[(folder, weight), ...]")
+        if blend is not None:
+            path = str(_blend_file(blend))
         p = Path(path)
         if not (p.is_file() and p.suffix in (".yaml", ".yml")) and not (p / ".nv-meta" / "dataset.yaml").is_file():
             raise FileNotFoundError(f"{path} is neither a prepared dataset (no .nv-meta/dataset.yaml) nor a blend yaml; "
@@ -103,6 +160,42 @@ class EnergonDataModule(pl.LightningDataModule):
                                              pad_to_multiple=pad_to_multiple, micro_batch_size=micro_batch_size)
         self._loader: StatefulLoader | None = None
         self._restore: dict | None = None
+        self.save_hyperparameters(ignore=["mesh"])
+        self._peek = peek(path)
+        if not self._peek:
+            raise ValueError(f"{path}: the first shard holds no readable samples; re-run `vfm prepare`")
+        spec_file = dataset_folders(path)[0] / ".prepare" / "config.json"
+        spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
+        self.tokenizer_spec = spec.get("tokenizer", {"name": self._peek[0].get("tokenizer"), "kwargs": {}})
+        self.text_encoder_spec = spec.get("text_encoder", {"name": self._peek[0].get("text_encoder"), "kwargs": {}})
+        self._encoders = None
+
+    # ---- what train() reads: text width, a preview shape, prompts, the encoders ----------------------------
+    @property
+    def context_dim(self) -> int:
+        return self._peek[0]["text_dim"]
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """The most common latent shape among the first samples (used for preview samples)."""
+        shapes = [tuple(m["latent_shape"]) for m in self._peek]
+        return max(set(shapes), key=shapes.count)
+
+    @property
+    def captions(self) -> list[str]:
+        return [m["caption"] for m in self._peek]
+
+    @property
+    def fps(self) -> float | None:
+        return next((m["fps"] for m in self._peek if m.get("fps")), None)
+
+    def build_encoders(self):
+        from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
+
+        if self._encoders is None:
+            self._encoders = (build_tokenizer(self.tokenizer_spec["name"], **self.tokenizer_spec.get("kwargs", {})),
+                              build_text_encoder(self.text_encoder_spec["name"], **self.text_encoder_spec.get("kwargs", {})))
+        return self._encoders
 
     # ---- rank mapping -----------------------------------------------------------------------------------
     def _mesh(self):

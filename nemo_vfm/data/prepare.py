@@ -128,7 +128,7 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
     sc = tokenizer.spatial_compression
     if ph != pw:
         raise ValueError(f"patch_multiple h and w must match, got {cfg.patch_multiple}")
-    video = _resize_crop(frames_to_tensor(frames[:n]), cfg.height, cfg.width, sc * ph)
+    video = _resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph)
     with torch.no_grad():
         latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
     if not torch.isfinite(latent).all():
@@ -168,6 +168,12 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
     tokenizer = build_tokenizer(cfg.tokenizer, **cfg.tokenizer_kwargs).to(cfg.device).eval()
     text_encoder = build_text_encoder(cfg.text_encoder, **cfg.text_encoder_kwargs)
 
+    if rank == 0:  # what `vfm generate` / previews need to rebuild the encoders of this dataset
+        (out / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        spec = {"tokenizer": {"name": cfg.tokenizer, "kwargs": cfg.tokenizer_kwargs},
+                "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
+                "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype}
+        (out / STATE_DIR / "config.json").write_text(json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
     done = manifest.done_keys()

@@ -1,0 +1,75 @@
+"""``vfm prepare``: clips (a folder of videos/images + captions, or webdataset shards) -> Energon shards.
+
+    vfm prepare input=raw_clips/ output=data/prepared tokenizer=identity tokenizer.spatial_compression=2 \\
+        text_encoder=hash text_encoder.dim=64 samples_per_shard=256 max_frames=33
+    torchrun --nproc-per-node 8 -m nemo_vfm.cli.main prepare input=... output=...
+
+Arguments are ``key=value``; ``tokenizer.X=V`` / ``text_encoder.X=V`` pass constructor arguments to the
+named tokenizer / text encoder. Values are parsed as JSON when they can be (``8``, ``true``, ``[1,2,2]``).
+Re-running with the same output resumes; failed inputs are listed in ``OUTPUT/.prepare/report.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+ACCEPTS_EXTRA = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="input=DIR output=DIR tokenizer=NAME text_encoder=NAME samples_per_shard=N max_frames=N "
+                             "height=H width=W patch_multiple=[1,2,2] latent_dtype=float16 allow_missing_caption=true "
+                             "device=cuda index=true progress=true; tokenizer.K=V and text_encoder.K=V for their kwargs")
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse(pairs: list[str]):
+    from nemo_vfm.data.prepare import PrepareConfig
+
+    fields = {f.name for f in dataclasses.fields(PrepareConfig)}
+    kw: dict = {"tokenizer_kwargs": {}, "text_encoder_kwargs": {}}
+    for pair in pairs:
+        key, sep, val = pair.partition("=")
+        key = key.lstrip("-").replace("-", "_")
+        if not sep:
+            raise ValueError(f"argument {pair!r} is not KEY=VALUE (e.g. input=clips/)")
+        head, dot, sub = key.partition(".")
+        if dot and head in ("tokenizer", "text_encoder"):
+            kw[f"{head}_kwargs"][sub] = _value(val)
+        elif key in fields:
+            kw[key] = val if key in ("input", "output", "tokenizer", "text_encoder") else _value(val)
+        else:
+            raise ValueError(f"unknown argument {key!r}; choose from {', '.join(sorted(fields))}")
+    for need in ("input", "output"):
+        if need not in kw:
+            raise ValueError(f"missing {need}=...; e.g. vfm prepare input=clips/ output=data/prepared")
+    return PrepareConfig(**kw)
+
+
+def run(args) -> int:
+    import sys
+
+    from nemo_vfm.data.prepare import prepare
+
+    try:
+        cfg = parse(list(args.overrides) + list(args.extra))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vfm prepare: {e}", file=sys.stderr)
+        return 2
+    res = prepare(cfg)
+    if res.rank == 0:
+        print(f"rank 0/{res.world_size}: wrote {res.written} samples in {len(res.shards)} shards, skipped "
+              f"{res.skipped_done} already prepared, {len(res.errors)} failed -> {res.output}"
+              + (" (indexed for Energon)" if res.indexed else ""))
+        for err in res.errors[:10]:
+            print(f"  skipped {err['source']}: {err['reason']}")
+    return 0
