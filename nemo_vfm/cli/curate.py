@@ -1,0 +1,79 @@
+"""``vfm curate INPUT OUTPUT [key=value ...]``: raw videos -> captioned clips in Energon webdataset shards.
+
+Overrides are fields of :class:`nemo_vfm.curation.config.CurationConfig`, e.g.
+``vfm curate raw/ curated/ engine=local height=256 fps=24 max_clip_s=5``. Re-running the same
+command resumes: finished inputs are skipped. ``--synthetic N`` first writes N synthetic raw videos
+(moving shapes with scene cuts, plus broken files) into INPUT, for a demo without data.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ACCEPTS_EXTRA = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="a video file or a folder searched recursively for videos")
+    parser.add_argument("output", help="output folder (ledger, manifest, report, shards/)")
+    parser.add_argument("--synthetic", type=int, metavar="N", default=0,
+                        help="first write N synthetic raw videos (720p, with planted cuts and broken files) to INPUT")
+    parser.add_argument("--synthetic-size", default="720x1280", metavar="HxW", help="size of --synthetic videos")
+    parser.epilog = "Overrides: key=value for any CurationConfig field (see docs/curation.md)."
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from tqdm import tqdm
+
+    from nemo_vfm.curation.config import CurationConfig, apply_overrides
+
+    console = Console(stderr=True)
+    overrides = [a for a in args.extra if a != "--"]
+    try:
+        config = apply_overrides(CurationConfig(), overrides)
+    except (ValueError, TypeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    if args.synthetic:
+        from nemo_vfm.curation.synthetic import make_raw_dataset
+
+        try:
+            h, w = (int(x) for x in args.synthetic_size.lower().split("x"))
+        except ValueError:
+            console.print(f"[red]error:[/red] --synthetic-size must look like 720x1280, got {args.synthetic_size!r}")
+            return 2
+        make_raw_dataset(args.input, num_videos=args.synthetic, height=h, width=w, bad_files=True)
+    from nemo_vfm.curation.pipeline import curate
+    from nemo_vfm.curation.report import report_table
+
+    bar = tqdm(unit="video", desc="curate", dynamic_ncols=True)
+    totals = {"kept": 0, "filtered": 0, "errors": 0, "bad inputs": 0}
+
+    def on_start(total: int, finished: int) -> None:
+        bar.reset(total=total)
+        bar.update(finished)
+        if finished:
+            bar.write(f"resuming: {finished} of {total} inputs already finished")
+
+    def on_input_done(rel: str, row: dict) -> None:
+        for k in ("kept", "filtered", "errors"):
+            totals[k] += row[k]
+        totals["bad inputs"] += row["status"] == "error"
+        bar.set_postfix(clips=totals["kept"], filtered=totals["filtered"], errors=totals["errors"] + totals["bad inputs"])
+        bar.update(1)
+
+    try:
+        result = curate(args.input, args.output, config, on_start=on_start, on_input_done=on_input_done)
+    except FileNotFoundError as e:
+        bar.close()
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    bar.close()
+    if result.report is not None:
+        Console().print(report_table(result.report))
+    c = result.counts
+    Console().print(f"inputs: {c['inputs_done']} done, {c['inputs_error']} unreadable; clips: {c['kept']} kept, "
+                    f"{c['filtered']} filtered, {c['error']} errors -> {len(result.shards)} shard(s) in "
+                    f"{result.shards_dir} (ledger: {result.output / 'manifest.jsonl'})")
+    return 0

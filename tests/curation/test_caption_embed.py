@@ -1,0 +1,55 @@
+"""Captions from sidecars (by time overlap), templates, and the VLM option's errors; embeddings."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from nemo_vfm.curation.caption import CaptionStage, pick_caption, read_sidecar
+from nemo_vfm.curation.config import CurationConfig
+from nemo_vfm.curation.embed import EmbedStage
+from nemo_vfm.curation.stage import run_stage
+from nemo_vfm.curation.task import ClipTask
+
+
+def _clip(path, start, end):
+    return ClipTask(source=str(path), rel=path.name, clip_index=1, span={"start_s": start, "end_s": end},
+                    out={"duration_s": end - start, "width": 64, "height": 48, "fps": 24.0})
+
+
+def test_sidecar_caption_by_overlap(tmp_path):
+    video = tmp_path / "v.mp4"
+    (tmp_path / "v.json").write_text(json.dumps({"captions": [{"start": 0, "end": 2, "text": "first"},
+                                                              {"start": 2, "end": 5, "text": "second"}]}))
+    assert read_sidecar(str(video))[1]["text"] == "second"
+    stage = CaptionStage(mode="sidecar")
+    assert stage.process(_clip(video, 1.5, 4.0))[0].caption == "second"
+    assert stage.process(_clip(video, 0.0, 1.9))[0].caption == "first"
+    assert stage.process(_clip(video, 6.0, 7.0))[0].reason.startswith("no_caption")
+    assert pick_caption([{"start": 0, "end": 1, "text": "a"}], 2, 3) is None
+
+
+def test_txt_sidecar_template_and_auto(tmp_path):
+    (tmp_path / "a.txt").write_text("a cat\n")
+    assert CaptionStage(mode="auto").process(_clip(tmp_path / "a.mp4", 0, 1))[0].caption == "a cat"
+    auto = CaptionStage(mode="auto", template="{source_name} #{clip_index} {duration_s:.1f}s {width}x{height}")
+    assert auto.process(_clip(tmp_path / "b.mp4", 0, 1.5))[0].caption == "b #1 1.5s 64x48"
+
+
+def test_vlm_needs_a_local_model(tmp_path):
+    with pytest.raises(ValueError, match="vlm_model"):
+        CurationConfig(caption="vlm")
+    stage = CaptionStage(mode="vlm", vlm_model=str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="not a local folder"):
+        stage.setup()
+
+
+def test_thumb_embedding_and_plugin():
+    thumbs = np.random.default_rng(0).integers(0, 255, (4, 16, 24, 3), np.uint8)
+    task = ClipTask(source="x", rel="x", clip_index=0, thumbs=thumbs)
+    (out,), _ = run_stage(EmbedStage(kind="thumb"), task)
+    assert len(out.embedding) == 64 and abs(np.linalg.norm(out.embedding) - 1) < 1e-3
+    (bad,), _ = run_stage(EmbedStage(kind="no.such.module:fn"), ClipTask(source="x", rel="x", thumbs=thumbs))
+    assert bad.status == "error" and "cannot import" in bad.reason
