@@ -73,11 +73,12 @@ def _net_inputs(b: dict) -> tuple[torch.Tensor, dict]:
     return x_in, {k: v for k, v in cond.items() if v is not None}
 
 
-def run_reference(cfg, problem: dict, *, steps: int = 3, lr: float = 0.5, max_norm: float = 1.0) -> dict:
+def run_reference(cfg, problem: dict, *, steps: int = 3, lr: float = 0.5, max_norm: float = 1.0,
+                  momentum: float = 0.0) -> dict:
     """The single-process run: per step the loss, gradient norm and gradients; final weights."""
     model = cfg.build("meta").to_empty(device="cpu")
     model.load_state_dict(problem["state"])
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     b = _rows(problem, slice(None), "cpu")
     x_in, cond = _net_inputs(b)
     res = {"loss": [], "norm": [], "grads": []}
@@ -140,14 +141,22 @@ def build_parallel(cfg, problem: dict, dims: ParallelDims, device, **parallelize
 
 
 def run_layout(cfg, problem: dict, dims: ParallelDims, *, steps: int = 3, lr: float = 0.5, max_norm: float = 1.0,
-               device=None, **parallelize_kwargs) -> dict:
+               momentum: float = 0.0, device=None, **parallelize_kwargs) -> dict:
     """The same run under ``dims`` (call on every rank); gradients and weights come back full-size."""
+    device = torch.device(device or "cpu")
+    pmesh, modules, runner = build_parallel(cfg, problem, dims, device, **parallelize_kwargs)
+    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=lr, momentum=momentum)
+    res = train_steps(modules, runner, pmesh, problem, opt, steps=steps, max_norm=max_norm, device=device)
+    res["params"] = _collect(modules, "param")
+    return res
+
+
+def train_steps(modules, runner, pmesh, problem: dict, opt, *, steps: int, max_norm: float = 1.0,
+                device=None) -> dict:
+    """``steps`` optimizer steps of the problem's batch under an already built layout."""
     from nemo_vfm.models.dit import parallelize as P
 
     device = torch.device(device or "cpu")
-    pmesh, modules, runner = build_parallel(cfg, problem, dims, device, **parallelize_kwargs)
-    params = [p for m in modules for p in m.parameters()]
-    opt = torch.optim.SGD(params, lr=lr)
     B = problem["x0"].shape[0]
     dp, dp_rank = pmesh.size("dp"), pmesh.rank("dp")
     if B % dp:
@@ -175,7 +184,6 @@ def run_layout(cfg, problem: dict, dims: ParallelDims, *, steps: int = 3, lr: fl
         dist.all_reduce(loss, group=pmesh.group("dp"))
         res["loss"].append(loss.item() / dp)
         opt.step()
-    res["params"] = _collect(modules, "param")
     return res
 
 
