@@ -184,7 +184,8 @@ def train(*, model, data, trainer: TrainerConfig | None = None, objective=None, 
     resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if resume is not None and rank == 0:
         print(f"resuming from {resume}")
-    pl_trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
+    # our own checkpoints hold config dataclasses and data-loader state: not weights-only loadable
+    pl_trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None, weights_only=False)
 
     last = ckpt_dir / f"step={pl_trainer.global_step:08d}.ckpt"
     if not last.exists():

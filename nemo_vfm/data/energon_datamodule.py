@@ -203,12 +203,12 @@ class EnergonDataModule(pl.LightningDataModule):
             return self.mesh
         trainer = self._trainer if hasattr(self, "_trainer") else None
         strategy = getattr(trainer, "strategy", None)
-        for attr in ("device_mesh", "mesh"):
+        for attr in ("parallel_mesh", "device_mesh", "mesh"):
             try:
                 mesh = getattr(strategy, attr, None)
             except (AttributeError, RuntimeError):  # Lightning raises before its mesh exists
                 mesh = None
-            if mesh is not None and getattr(mesh, "mesh_dim_names", None):
+            if mesh is not None and (hasattr(mesh, "subs") or getattr(mesh, "mesh_dim_names", None)):
                 return mesh
         return None
 

@@ -27,9 +27,14 @@ def dp_dim_names(mesh, dp_dims: tuple[str, ...] | None = None) -> tuple[str, ...
 def dp_rank_world(mesh=None, dp_dims: tuple[str, ...] | None = None) -> tuple[int, int, object]:
     """``(dp_rank, dp_world_size, dp_group_or_None)`` of this process.
 
-    With a mesh: row-major rank over its DP dims (group only when there is a single DP dim). Without:
+    ``mesh`` is a ``ParallelMesh`` (its flattened ``dp`` sub-mesh) or a ``DeviceMesh``. With a DeviceMesh: row-major rank over its DP dims (group only when there is a single DP dim). Without:
     the global rank and world size of ``torch.distributed`` (or 0, 1 when not initialised).
     """
+    if mesh is not None and hasattr(mesh, "subs") and dp_dims is None:  # nemo_vfm.parallel.mesh.ParallelMesh
+        dp = mesh.get("dp")
+        return dp.get_local_rank(), dp.size(), dp.get_group()
+    if mesh is not None and hasattr(mesh, "subs"):
+        mesh = mesh.world
     if mesh is not None:
         dims = dp_dim_names(mesh, dp_dims)
         rank, world = 0, 1

@@ -43,6 +43,9 @@ class ClipSample(Sample):
 def cook_clip(raw: dict) -> ClipSample:
     """Crude webdataset sample (parts decoded by energon) -> :class:`ClipSample`."""
     latent, emb, mask, meta = decode_parts(raw)
+    sources = raw.get("__sources__") or ()
+    if sources:  # which prepared folder (of a blend) the sample came from
+        meta = {**meta, "dataset": str(sources[0].dataset_path)}
     return ClipSample(
         __key__=raw["__key__"], __restore_key__=raw["__restore_key__"], __subflavors__=raw.get("__subflavors__"),
         __sources__=raw.get("__sources__"), latent=torch.from_numpy(latent).float(),
