@@ -9,6 +9,7 @@ command resumes: finished inputs are skipped. ``--synthetic N`` first writes N s
 from __future__ import annotations
 
 import argparse
+import sys
 
 ACCEPTS_EXTRA = True
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         bar.reset(total=total)
         bar.update(finished)
         if finished:
-            bar.write(f"resuming: {finished} of {total} inputs already finished")
+            bar.write(f"resuming: {finished} of {total} inputs already finished", file=sys.stderr)
 
     def on_input_done(rel: str, row: dict) -> None:
         for k in ("kept", "filtered", "errors"):
@@ -70,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {e}")
         return 2
     bar.close()
+    out = Console(width=max(Console().width, 130))
     if result.report is not None:
-        Console().print(report_table(result.report))
+        out.print(report_table(result.report))
     c = result.counts
-    Console().print(f"inputs: {c['inputs_done']} done, {c['inputs_error']} unreadable; clips: {c['kept']} kept, "
+    out.print(f"inputs: {c['inputs_done']} done, {c['inputs_error']} unreadable; clips: {c['kept']} kept, "
                     f"{c['filtered']} filtered, {c['error']} errors -> {len(result.shards)} shard(s) in "
                     f"{result.shards_dir} (ledger: {result.output / 'manifest.jsonl'})")
     return 0

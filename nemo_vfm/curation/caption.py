@@ -79,11 +79,11 @@ class CaptionStage(Stage):
 
     def setup(self) -> None:
         if self.mode == "vlm":
-            from transformers import AutoModelForImageTextToText, AutoProcessor
-
             if not Path(self.vlm_model).is_dir():
                 raise FileNotFoundError(f"vlm_model {self.vlm_model!r} is not a local folder; download the "
                                         "model weights first and pass their path")
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
             self._processor = AutoProcessor.from_pretrained(self.vlm_model, local_files_only=True)
             self._model = AutoModelForImageTextToText.from_pretrained(self.vlm_model, local_files_only=True).eval()
 

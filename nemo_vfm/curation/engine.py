@@ -42,6 +42,9 @@ class PipelineReport:
     bottleneck: str
     inputs_per_s: float
     ideal_inputs_per_s: float  # budget / sum of demands: perfectly balanced, no overheads
+    # after the last re-balance, once every final worker had finished an item (start-up excluded)
+    steady_inputs_per_s: float | None = None
+    steady_window_s: float = 0.0
     rebalances: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -54,6 +57,7 @@ class _Worker:
     started: float
     inflight: int = 0
     draining: bool = False
+    first_done: float | None = None
 
 
 class Engine:
@@ -129,6 +133,8 @@ class Engine:
         queues = [collections.deque() for _ in range(n)]
         outstanding: dict[str, int] = {}
         source, exhausted, inputs, history = iter(tasks), False, 0, []
+        self._done_times: list[float] = []
+        ready_at = None
         try:
             self._converge(t0)
             while True:
@@ -156,15 +162,20 @@ class Engine:
                 self._converge(now)
         finally:
             now = time.perf_counter()
+            if self.workers and all(w.first_done is not None for w in self.workers.values()):
+                last_change = t0 + history[-1]["t_s"] if history else t0
+                ready_at = max([last_change] + [w.first_done for w in self.workers.values()])
             for wid in list(self.workers):
                 w = self.workers.pop(wid)
                 self.worker_time[w.stage] += now - w.started
             self.backend.shutdown()
-        return self._report(now - t0, inputs, history)
+        return self._report(now - t0, inputs, history, ready_at, now)
 
     def _finish(self, done, queues, outstanding, on_finished, on_input_done) -> None:
         w = self.workers[done.wid]
         w.inflight -= 1
+        if w.first_done is None:
+            w.first_done = time.perf_counter()
         if done.setup_error:
             raise RuntimeError(f"stage {self.stages[w.stage].name!r} could not start a worker: {done.setup_error}")
         if done.crashed:
@@ -181,9 +192,11 @@ class Engine:
                 on_finished(o)
         if outstanding[rel] == 0:
             del outstanding[rel]
+            self._done_times.append(time.perf_counter())
             on_input_done(rel)
 
-    def _report(self, wall: float, inputs: int, history: list[dict]) -> PipelineReport:
+    def _report(self, wall: float, inputs: int, history: list[dict], ready_at: float | None,
+                end: float) -> PipelineReport:
         demands = estimate_demands(self.stats) or [0.0] * len(self.stages)
         stages = []
         for i, (stage, st) in enumerate(zip(self.stages, self.stats)):
@@ -197,7 +210,13 @@ class Engine:
                 load_s_per_input=demands[i] / workers))
         worst = max(range(len(stages)), key=lambda k: stages[k].load_s_per_input)
         total = sum(demands)
+        steady, window = None, 0.0
+        if ready_at is not None:
+            n_after, window = sum(t > ready_at for t in self._done_times), end - ready_at
+            if n_after >= max(10, 0.2 * inputs) and window > 0:
+                steady = n_after / window
         return PipelineReport(engine=self.backend.name, budget=self.budget, wall_s=wall, inputs=inputs,
                               stages=stages, bottleneck=stages[worst].name,
                               inputs_per_s=inputs / wall if wall else 0.0,
-                              ideal_inputs_per_s=self.budget / total if total else 0.0, rebalances=history)
+                              ideal_inputs_per_s=self.budget / total if total else 0.0,
+                              steady_inputs_per_s=steady, steady_window_s=window, rebalances=history)
