@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 demo: setup
-	$(VPY) -m nemo_vfm.demo --out demo_output
+	$(VPY) launchers/demo.py --out demo_output
 
 # -p no:cacheprovider keeps a fresh clone clean; exit code 5 (no tests collected) is a failure.
 test: setup

@@ -139,12 +139,12 @@ def quickstart() -> run.Partial:
     """A tiny text-to-video DiT on synthetic moving shapes, on the CPU in minutes (what ``make demo`` runs).
 
     Videos of 8 frames at 32x32 pixels; the identity tokenizer folds 2x2 pixels into 12 channels, so the
-    latents are 12x8x16x16 and, at patch (1, 2, 2), 512 tokens per clip.
+    latents are 12x8x16x16 and, at patch (1, 4, 4), 128 tokens per clip.
     CLI: ``python launchers/train.py --factory quickstart --yes trainer.max_steps=50``
     """
     return run.Partial(
         train,
-        model=run.Config(DiTConfig, **FLAVORS["quickstart"], in_channels=12, patch_size=(1, 2, 2), context_dim=64,
+        model=run.Config(DiTConfig, **FLAVORS["quickstart"], in_channels=12, patch_size=(1, 4, 4), context_dim=64,
                          mlp_ratio=4.0),
         data=run.Config(ShapesDataModule, num_clips=512, num_frames=8, height=32, width=32, fps=8.0, batch_size=16,
                         tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, text_encoder="hash",

@@ -38,6 +38,6 @@ def dit_config(flavor: str, **overrides) -> DiTConfig:
     return DiTConfig(**{**FLAVORS[key], **overrides})
 
 
-def original_dit_config(flavor: str = "xl", image_size: int = 256, **overrides) -> DiTConfig:
-    """Config matching the published ``DiT-{S,B,L,XL}-2`` checkpoints (``image_size`` 256 or 512)."""
+def original_dit_config(flavor: str = "xl", **overrides) -> DiTConfig:
+    """Config matching the published ``DiT-{S,B,L,XL}-2`` checkpoints (256 or 512 px: positions follow the input)."""
     return dit_config(flavor, **{**ORIGINAL_DIT, **overrides})
