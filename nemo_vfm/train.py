@@ -180,6 +180,7 @@ def train(*, model, data, trainer: TrainerConfig | None = None, objective=None, 
         log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,
         plugins=[AtomicCheckpointIO()], enable_progress_bar=trainer_cfg.enable_progress_bar,
         enable_model_summary=False, default_root_dir=str(exp_dir), limit_val_batches=0, num_sanity_val_steps=0,
+        use_distributed_sampler=False,  # the data modules split samples over data-parallel ranks themselves
     )
     resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if resume is not None and rank == 0:

@@ -176,7 +176,7 @@ class _RingAttention(torch.autograd.Function):
         acc = torch.promote_types(q.dtype, torch.float32)
         dq = torch.zeros_like(q, dtype=acc)
         dkv = torch.zeros_like(kv, dtype=acc)
-        dkv_works = None
+        dkv_works = dkv_next = None
         for step in range(n):
             kv_works = kv_next = None
             if step < n - 1:

@@ -2,7 +2,6 @@
 
 import torch
 import torch.distributed as dist
-
 from gloo_launcher import run_distributed
 
 

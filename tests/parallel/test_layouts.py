@@ -65,5 +65,6 @@ def test_two_process_layouts_match_single_process(reference):
     _check(run_distributed(_worker, 2, LAYOUTS_2), reference, LAYOUTS_2)
 
 
+@pytest.mark.slow
 def test_four_process_layouts_match_single_process(reference):
     _check(run_distributed(_worker, 4, LAYOUTS_4), reference, LAYOUTS_4)
