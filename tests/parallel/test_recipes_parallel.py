@@ -1,0 +1,35 @@
+"""Parallel fiddlers compose on a recipe, serialize, and build a valid strategy."""
+
+import fiddle as fdl
+import pytest
+
+run = pytest.importorskip("nemo_run")
+
+
+def test_fiddlers_compose_and_build():
+    from nemo_vfm_recipes import dit, parallel
+
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+    recipe = parallel.with_cp(parallel.with_tp(dit.pretrain_7b(), 2), 4, kind="a2a")
+    recipe = parallel.with_fsdp(recipe, activation_checkpointing="full")
+    s = recipe.trainer.strategy
+    assert (s.tensor_model_parallel_size, s.sequence_parallel, s.context_parallel_size) == (2, True, 4)
+    assert s.context_parallel_kind == "a2a" and s.fsdp and s.activation_checkpointing == "full"
+    strategy = fdl.build(s)
+    assert isinstance(strategy, VFMParallelStrategy) and strategy.layout["cp"] == 4
+    from fiddle.experimental import serialization
+
+    assert "context_parallel_size" in serialization.dump_json(recipe)
+
+
+def test_default_layouts():
+    from nemo_vfm_recipes import dit, parallel
+
+    r7 = parallel.layout_7b(dit.pretrain_7b(), context="74k")
+    assert (r7.trainer.strategy.tensor_model_parallel_size, r7.trainer.strategy.context_parallel_size) == (2, 4)
+    r28 = parallel.layout_28b(dit.pretrain_28b())
+    assert r28.trainer.strategy.tensor_model_parallel_size == 4
+    assert r28.trainer.strategy.activation_checkpointing == "full"
+    with pytest.raises(ValueError, match="kind"):
+        parallel.with_cp(dit.pretrain_7b(), 2, kind="ulysses")
