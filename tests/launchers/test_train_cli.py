@@ -1,0 +1,56 @@
+"""launchers/train.py: the NeMo-Run CLI entry, run as a user would (subprocesses)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(*args, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, str(ROOT / "launchers" / "train.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.mark.parametrize("factory, hidden", [("pretrain_xl", "hidden_size=1152"), ("pretrain_7b", "hidden_size=4096")])
+def test_dryrun_prints_resolved_config(factory, hidden):
+    r = launch("--factory", factory, "--yes", "--dryrun")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert hidden in r.stdout and "Dry run" in r.stdout
+
+
+def test_unknown_factory_exits_nonzero():
+    r = launch("--factory", "nope", "--yes")
+    assert r.returncode != 0
+    assert "unknown factory 'nope'" in r.stderr and "quickstart" in r.stderr
+
+
+def test_bad_override_exits_nonzero_and_names_it():
+    r = launch("--factory", "quickstart", "--yes", "trainer.max_steps=3", "model.bogus=1")
+    assert r.returncode != 0
+    assert "bogus" in r.stdout + r.stderr
+
+
+def test_quickstart_trains_and_vfm_generate_samples(tmp_path):
+    r = launch("--factory", "quickstart", "--yes", "trainer.max_steps=2", "data.num_clips=16", "data.batch_size=4",
+               "sampling.num_steps=2", "sampling.num_samples=2", f"log.root={tmp_path}", "trainer.log_every_n_steps=1")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    exp = tmp_path / "quickstart"
+    assert (exp / "checkpoints" / "step=00000002.ckpt").exists()
+    assert (exp / "loss_curve.png").stat().st_size > 0 and (exp / "config.yaml").exists()
+    assert (exp / "samples" / "step=00000002.mp4").stat().st_size > 0
+    assert "tokens/s/gpu" in r.stdout + r.stderr
+
+    g = subprocess.run([sys.executable, "-m", "nemo_vfm.cli.main", "generate", "--ckpt", str(exp), "--prompt",
+                        "a red circle moving left on a black background", "--prompt", "a blue square moving up",
+                        "--steps", "2", "--out", str(tmp_path / "gen"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert g.returncode == 0, g.stderr[-3000:]
+    from nemo_vfm.io.video import read_video
+
+    frames, fps = read_video(tmp_path / "gen" / "batch000.mp4")
+    assert frames.shape[0] == 8 and fps == 8.0
+    assert (tmp_path / "gen" / "batch000.gif").exists()
+    assert "blue square" in (tmp_path / "gen" / "batch000.txt").read_text()
