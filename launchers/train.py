@@ -13,9 +13,9 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    import catalogue
     import nemo_run as run
     import typer
-    import catalogue
     from nemo_run.config import get_type_namespace
 
     import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)

@@ -84,19 +84,25 @@ def _sized(flavor: str, name: str) -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain_s() -> run.Partial:
-    """DiT-S (12 layers, 384 hidden, 6 heads). CLI: ``launchers/train.py --factory pretrain_s --yes``"""
+    """DiT-S (12 layers, 384 hidden, 6 heads). CLI: ``launchers/train.py --factory pretrain_s --yes``
+    Python: ``recipe = dit.pretrain_s(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
     return _sized("s", "pretrain_s")
 
 
 @run.cli.factory(target=train)
 def pretrain_b() -> run.Partial:
-    """DiT-B (12 layers, 768 hidden, 12 heads). CLI: ``launchers/train.py --factory pretrain_b --yes``"""
+    """DiT-B (12 layers, 768 hidden, 12 heads). CLI: ``launchers/train.py --factory pretrain_b --yes``
+    Python: ``recipe = dit.pretrain_b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
     return _sized("b", "pretrain_b")
 
 
 @run.cli.factory(target=train)
 def pretrain_l() -> run.Partial:
-    """DiT-L (24 layers, 1024 hidden, 16 heads). CLI: ``launchers/train.py --factory pretrain_l --yes``"""
+    """DiT-L (24 layers, 1024 hidden, 16 heads). CLI: ``launchers/train.py --factory pretrain_l --yes``
+    Python: ``recipe = dit.pretrain_l(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
     return _sized("l", "pretrain_l")
 
 
@@ -110,7 +116,9 @@ def pretrain_xl() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents).
-    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``"""
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``
+    Python: ``recipe = dit.pretrain_7b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
     recipe = _sized("7b", "pretrain_7b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
     return recipe
@@ -119,7 +127,9 @@ def pretrain_7b() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_14b() -> run.Partial:
     """DiT-14B (36 layers, 5120 hidden, 40 heads, AdaLN-LoRA 256).
-    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_14b --yes``"""
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_14b --yes``
+    Python: ``recipe = dit.pretrain_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
     recipe = _sized("14b", "pretrain_14b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
     return recipe
@@ -128,7 +138,9 @@ def pretrain_14b() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_28b() -> run.Partial:
     """DiT-28B (48 layers, 6144 hidden, 48 heads, AdaLN-LoRA 256).
-    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_28b --yes``"""
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_28b --yes``
+    Python: ``recipe = dit.pretrain_28b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
     recipe = _sized("28b", "pretrain_28b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
     return recipe
@@ -141,6 +153,7 @@ def quickstart() -> run.Partial:
     Videos of 8 frames at 32x32 pixels; the identity tokenizer folds 2x2 pixels into 12 channels, so the
     latents are 12x8x16x16 and, at patch (1, 4, 4), 128 tokens per clip.
     CLI: ``python launchers/train.py --factory quickstart --yes trainer.max_steps=50``
+    Python: ``import fiddle as fdl; summary = fdl.build(dit.quickstart())()``
     """
     return run.Partial(
         train,

@@ -15,7 +15,8 @@ FACTORIES = ["pretrain", "pretrain_s", "pretrain_b", "pretrain_l", "pretrain_xl"
 def test_recipe_builds_and_serializes(name):
     recipe = getattr(dit, name)()
     assert isinstance(recipe, run.Partial) and recipe.__fn_or_cls__ is train
-    assert getattr(dit, name).__doc__ and "CLI" in getattr(dit, name).__doc__
+    doc = getattr(dit, name).__doc__
+    assert "CLI" in doc and "Python" in doc
     model = fdl.build(recipe.model)
     model.build("meta")  # every flavor constructs (without allocating)
     from nemo_run.core.serialization.yaml import YamlSerializer

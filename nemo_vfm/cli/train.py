@@ -2,7 +2,6 @@
 
 import argparse
 import runpy
-import sys
 from pathlib import Path
 
 ACCEPTS_EXTRA = True

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from nemo_vfm.data.synthetic_video import ShapeClipSpec, make_clip
 from nemo_vfm.diffusion import samplers
 from nemo_vfm.diffusion.conditioning import drop_condition, guided, null_condition
 from nemo_vfm.diffusion.edm import EDM, masked_mean
 from nemo_vfm.diffusion.flow_matching import FlowMatching
-from nemo_vfm.data.synthetic_video import ShapeClipSpec, make_clip
 from nemo_vfm.io.video import frames_to_tensor
 from nemo_vfm.models.dit.flavors import dit_config
 

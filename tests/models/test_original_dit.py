@@ -2,7 +2,11 @@ import torch
 
 from nemo_vfm.diffusion.edm import DDPMPrecond
 from nemo_vfm.models.dit.flavors import original_dit_config
-from nemo_vfm.models.dit.original import convert_original_state_dict, load_original_dit, original_state_dict_from
+from nemo_vfm.models.dit.original import (
+    convert_original_state_dict,
+    load_original_dit,
+    original_state_dict_from,
+)
 
 
 def published_layout_keys(layers: int) -> set[str]:

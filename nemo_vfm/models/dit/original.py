@@ -84,7 +84,6 @@ def load_original_dit(path: str | Path, device: str | torch.device = "cpu") -> D
 def original_state_dict_from(net: DiT) -> dict[str, torch.Tensor]:
     """The inverse of :func:`convert_original_state_dict` (export to the published layout, ``pos_embed``
     included), e.g. to hand weights back to the original DiT code."""
-    from nemo_vfm.models.common.embeddings import sincos_pos_embed_2d
 
     sd, out = net.state_dict(), {}
     p = net.cfg.patch_size[1]
