@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", type=int, metavar="N", default=0,
                         help="first write N synthetic raw videos (720p, with planted cuts and broken files) to INPUT")
     parser.add_argument("--synthetic-size", default="720x1280", metavar="HxW", help="size of --synthetic videos")
+    parser.add_argument("--no-preview", action="store_true", help="skip OUTPUT/preview.gif (a grid of kept clips)")
     parser.epilog = "Overrides: key=value for any CurationConfig field (see docs/curation.md)."
 
 
@@ -75,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     if result.report is not None:
         out.print(report_table(result.report))
     c = result.counts
+    if not args.no_preview:
+        from nemo_vfm.curation.preview import write_preview
+
+        preview = write_preview(result.output)
+        if preview is not None:
+            out.print(f"preview of the kept clips: {preview}")
     out.print(f"inputs: {c['inputs_done']} done, {c['inputs_error']} unreadable; clips: {c['kept']} kept, "
                     f"{c['filtered']} filtered, {c['error']} errors -> {len(result.shards)} shard(s) in "
                     f"{result.shards_dir} (ledger: {result.output / 'manifest.jsonl'})")

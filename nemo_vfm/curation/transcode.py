@@ -23,13 +23,22 @@ ASPECTS = ("keep", "center_crop", "pad", "stretch")
 _X264_PARAMS = "mbtree=0"
 
 
-def decode_range(path: str, start_frame: int, end_frame: int, fps: float) -> np.ndarray:
+def decode_range(path: str, start_frame: int, end_frame: int, fps: float,
+                 size: tuple[int, int] | None = None) -> np.ndarray:
     """RGB frames ``[T, H, W, 3]`` with source frame index in ``[start_frame, end_frame)``.
 
     Seeks near the start and indexes frames by their timestamps; falls back to counting frames
-    from the beginning when the container gives no timestamps.
+    from the beginning when the container gives no timestamps. ``size=(H, W)`` resizes each frame
+    (area filter) as it is decoded, so full-resolution frames are never all held in memory.
     """
     import av
+    import cv2
+
+    def rgb(frame) -> np.ndarray:
+        x = frame.to_ndarray(format="rgb24")
+        if size is None or x.shape[:2] == tuple(size):
+            return x
+        return cv2.resize(x, (size[1], size[0]), interpolation=cv2.INTER_AREA)
 
     with av.open(path) as container:
         stream = container.streams.video[0]
@@ -49,7 +58,7 @@ def decode_range(path: str, start_frame: int, end_frame: int, fps: float) -> np.
             if idx >= end_frame:
                 break
             if idx >= start_frame:
-                frames.append(frame.to_ndarray(format="rgb24"))
+                frames.append(rgb(frame))
     if not timed:
         frames = []
         with av.open(path) as container:
@@ -57,7 +66,7 @@ def decode_range(path: str, start_frame: int, end_frame: int, fps: float) -> np.
                 if idx >= end_frame:
                     break
                 if idx >= start_frame:
-                    frames.append(frame.to_ndarray(format="rgb24"))
+                    frames.append(rgb(frame))
     if not frames:
         raise ValueError(f"no frames decoded in range [{start_frame}, {end_frame})")
     return np.stack(frames)
@@ -148,12 +157,17 @@ class TranscodeStage(Stage):
         self.crf, self.preset, self.threads, self.thumb_height = crf, preset, threads, thumb_height
 
     def process(self, task: ClipTask) -> list[ClipTask]:
-        src_fps = task.probe["fps"]
-        frames = decode_range(task.source, task.span["start_frame"], task.span["end_frame"], src_fps)
+        src_fps, src_h, src_w = task.probe["fps"], task.probe["height"], task.probe["width"]
+        out_h, out_w = output_size(src_h, src_w, self.height, self.width, self.aspect, self.upscale)
+        policy = "stretch" if self.width is None else self.aspect
+        if policy in ("stretch", "keep"):
+            decode_hw = (out_h, out_w)
+        else:  # scale while decoding to the size that covers (crop) or fits (pad) the target, finish in numpy
+            s = (max if policy == "center_crop" else min)(out_h / src_h, out_w / src_w)
+            decode_hw = (max(2, round(src_h * s)), max(2, round(src_w * s)))
+        frames = decode_range(task.source, task.span["start_frame"], task.span["end_frame"], src_fps, decode_hw)
         frames = frames[resample_indices(len(frames), src_fps, self.fps)]
-        out_h, out_w = output_size(frames.shape[1], frames.shape[2], self.height, self.width, self.aspect,
-                                   self.upscale)
-        frames = resize_frames(frames, out_h, out_w, "stretch" if self.width is None else self.aspect)
+        frames = resize_frames(frames, out_h, out_w, policy)
         fps = self.fps or src_fps
         task.mp4 = encode_mp4(frames, fps, self.crf, self.preset, self.threads)
         task.thumbs = thumbnails(frames, self.thumb_height)

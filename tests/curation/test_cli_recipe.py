@@ -21,6 +21,7 @@ def test_cli_curates_with_overrides_and_resumes(raw_videos, tmp_path, capsys):
     assert "bottleneck" in out.out and "transcode" in out.out and "shard(s)" in out.out
     assert "curate" in out.err  # the progress bar
     assert json.loads((tmp_path / "config.json").read_text())["height"] == 48
+    assert (tmp_path / "preview.gif").stat().st_size > 0
     assert main(args) == 0
     assert "already finished" in capsys.readouterr().err
 

@@ -44,3 +44,27 @@ def test_ray_balancer_gives_slow_stage_four_times_the_workers(ray_cluster):
     # once re-balanced and every actor is up (Ray actor start-up on 2 busy cores takes seconds)
     assert report.steady_inputs_per_s is not None, report
     assert report.steady_inputs_per_s > 0.8 * report.ideal_inputs_per_s, report
+
+
+class _DieOnSeven(SleepStage):
+    """Kills its own worker process on item "7" (a segfaulting decoder, say)."""
+
+    def process(self, task):
+        if task.rel == "7":
+            import os
+
+            os._exit(1)
+        return super().process(task)
+
+
+def test_crashed_actor_gives_an_error_row_and_the_run_goes_on(ray_cluster):
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import the tests
+    engine = Engine([_DieOnSeven("fragile", 0.01)], RayBackend(), budget=2, balance=False)
+    finished = {}
+    engine.run((ClipTask(source="x", rel=str(i)) for i in range(30)), lambda t: finished.update({t.rel: t}),
+               lambda rel: None)
+    assert len(finished) == 30
+    assert finished["7"].status == "error" and "worker crashed" in finished["7"].reason
+    assert sum(t.status == "ok" for t in finished.values()) >= 27  # an item queued behind "7" may fail with it
