@@ -1,0 +1,110 @@
+"""How an :class:`~nemo_vfm.models.stdit.model.STDiT` is parallelised: the plan as data, applied from outside.
+
+Order: tensor/sequence parallel -> context parallel -> activation checkpointing -> compile -> FSDP,
+as for the DiT (``nemo_vfm.models.dit.parallelize``, whose token hooks this reuses).
+
+Context parallel (the hybrid scheme): tokens are split over CP ranks in whole frames (layout
+``[t/cp, h*w]``); spatial attention runs locally, temporal attention switches to ``[t, h*w/cp]``
+by all-to-all and runs locally, full attention (if any) runs on the ring
+(``nemo_vfm.parallel.hybrid_cp``). ``factorized_cp="ring"`` gives the plain-ring baseline.
+
+Not here: pipeline parallelism and packed batches under CP/SP (both raise ``NotImplementedError``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from nemo_vfm.models.dit.parallelize import _install_token_hooks, _TokenParallel
+from nemo_vfm.parallel import context_parallel as cpl
+from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
+from nemo_vfm.parallel.compile import compile_blocks
+from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.fsdp import apply_fsdp
+from nemo_vfm.parallel.hybrid_cp import MODES, replace_factorized_cores
+from nemo_vfm.parallel.mesh import ParallelMesh
+from nemo_vfm.parallel.tensor_parallel import apply_tensor_parallel
+
+_ATTN = ("spatial_attn", "temporal_attn", "attn", "cross_attn")
+TP_PLAN: dict[str, str] = {
+    **{f"{a}": "sp_input" for a in _ATTN},
+    **{f"{a}.{p}": "colwise" for a in _ATTN for p in ("q", "k", "v")},
+    **{f"{a}.proj": "rowwise" for a in _ATTN},
+    "mlp": "sp_input",
+    "mlp.fc1": "colwise", "mlp.fc2": "rowwise",  # GELU MLP
+    "mlp.w1": "colwise", "mlp.w3": "colwise", "mlp.w2": "rowwise",  # SwiGLU
+}
+# positional inputs of each sp_input module (only the first, the tokens, is gathered)
+SP_INPUT_ARITY = {"spatial_attn": 4, "temporal_attn": 4, "attn": 3, "cross_attn": 3, "mlp": 1}
+FACTORIZED_CORES = ("spatial_attn.core", "temporal_attn.core")  # -> hybrid all-to-all / local
+FULL_ATTENTION_CORE = "attn.core"  # -> ring (or a2a, following ParallelDims.cp_kind)
+TP_PARTIAL = ("blocks.*.q_norm.weight", "blocks.*.k_norm.weight")
+PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln.*")
+
+
+def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None,
+                 factorized_cp: str = "hybrid") -> None:
+    """Fail before building anything if ``cfg`` (an STDiTConfig) does not fit ``dims``.
+
+    Under CP the frames must split evenly over the ranks (t % cp) and, for the hybrid scheme, the
+    tokens per frame too (h*w % cp).
+    """
+    if factorized_cp not in MODES:
+        raise ValueError(f"factorized_cp must be one of {MODES}, got {factorized_cp!r}")
+    if dims.pp > 1:
+        raise NotImplementedError("pipeline parallelism is not implemented for ST-DiT; use TP/CP/FSDP.")
+    tokens = None
+    if latent_shape is not None:
+        pt, ph, pw = cfg.patch_size
+        t, hw = latent_shape[0] // pt, (latent_shape[1] // ph) * (latent_shape[2] // pw)
+        tokens = t * hw
+        if dims.cp > 1 and t % dims.cp:
+            raise ValueError(f"ST-DiT context parallel splits whole frames: {t} latent frames (after patching) "
+                             f"are not divisible by cp={dims.cp}; change the number of frames or cp.")
+        if dims.cp > 1 and factorized_cp == "hybrid" and hw % dims.cp:
+            raise ValueError(f"hybrid context parallel needs tokens per frame ({hw}) divisible by cp={dims.cp}; "
+                             f"change the resolution, cp, or use factorized_cp='ring'.")
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens)
+
+
+def parallelize_stdit(
+    model: nn.Module,
+    pmesh: ParallelMesh,
+    *,
+    factorized_cp: str = "hybrid",
+    activation_checkpointing: str = "none",
+    ac_every: int = 2,
+    compile: bool = False,
+    param_dtype: str | None = "bf16",
+    reduce_dtype: str | None = "fp32",
+    attention_backend: str = "auto",
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Apply TP/SP, (hybrid) CP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
+    d = pmesh.dims
+    check_layout(model.cfg, d, factorized_cp=factorized_cp)
+    blocks = model.blocks
+    if d.tp > 1:
+        apply_tensor_parallel(blocks, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
+                              sp_input_arity=SP_INPUT_ARITY)
+    if d.cp > 1:
+        group = pmesh.group("cp")
+        replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend)
+        parent_path, _, attr = FULL_ATTENTION_CORE.rpartition(".")
+        for block in blocks:
+            if getattr(block, "has_full", False):
+                parent = block.get_submodule(parent_path)
+                setattr(parent, attr, cpl.ContextParallelCore(group, d.cp_kind, backend=attention_backend,
+                                                              inner=getattr(parent, attr)))
+    if d.cp > 1 or d.sequence_parallel:
+        _install_token_hooks(model, _TokenParallel(pmesh))
+    apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
+    if compile:
+        compile_blocks(blocks)
+    if d.fsdp:
+        apply_fsdp(model, list(blocks), pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                   reshard_after_forward=reshard_after_forward)
+    return model
+
+
+parallelize = parallelize_stdit  # the family-generic name
