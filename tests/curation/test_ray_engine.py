@@ -34,13 +34,13 @@ def test_ray_curation_matches_local_engine(ray_cluster, raw_videos, tmp_path):
 
 
 def test_ray_balancer_gives_slow_stage_four_times_the_workers(ray_cluster):
+    # 6 slots keep actor start-ups few on 2 cores: even 2/2/2 at first, balanced 1/4/1
     stages = [SleepStage("a", 0.02), SleepStage("slow", 0.08), SleepStage("c", 0.02)]
-    engine = Engine(stages, RayBackend(), budget=12, rebalance_interval_s=1.0)
+    engine = Engine(stages, RayBackend(), budget=6, rebalance_interval_s=1.0)
     done = []
-    report = engine.run((ClipTask(source="x", rel=str(i)) for i in range(600)), done.append, lambda rel: None)
-    assert len(done) == 600
-    w = [s.workers for s in report.stages]
-    assert 2.8 <= w[1] / ((w[0] + w[2]) / 2) <= 5, w  # ideal 2/8/2 (see test_balancer for the tolerance)
+    report = engine.run((ClipTask(source="x", rel=str(i)) for i in range(300)), done.append, lambda rel: None)
+    assert len(done) == 300
+    assert [s.workers for s in report.stages] == [1, 4, 1]
     # once re-balanced and every actor is up (Ray actor start-up on 2 busy cores takes seconds)
     assert report.steady_inputs_per_s is not None, report
     assert report.steady_inputs_per_s > 0.8 * report.ideal_inputs_per_s, report
