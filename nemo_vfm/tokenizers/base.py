@@ -26,6 +26,44 @@ class VideoTokenizer(nn.Module, abc.ABC):
     spatial_compression: int
     causal: bool = False
 
+    def set_latent_stats(self, shift: torch.Tensor | None, scale: torch.Tensor | None) -> None:
+        """Set the latent normalization ``z_norm = (z - shift) / scale``.
+
+        ``shift`` and ``scale`` are per channel ``(c,)`` or per channel and latent frame ``(c, t)``
+        (Cosmos style; frames past ``t`` reuse the last column). ``None`` means 0 / 1. They are buffers,
+        so they travel with ``state_dict`` and ``.to(device)``.
+        """
+        for name, value, default in (("latent_shift", shift, 0.0), ("latent_scale", scale, 1.0)):
+            value = torch.full((self.latent_channels,), default) if value is None else torch.as_tensor(value)
+            value = value.detach().float().reshape(self.latent_channels, -1)
+            if name == "latent_scale" and bool((value <= 0).any()):
+                raise ValueError(f"{type(self).__name__} latent_scale must be positive, got min {value.min():.3g}")
+            if name in self._buffers:
+                self._buffers[name] = value.to(self._buffers[name].device)
+            else:
+                self.register_buffer(name, value)
+
+    def _latent_stat(self, name: str, z: torch.Tensor) -> torch.Tensor | None:
+        stat = self._buffers.get(name)
+        if stat is None:
+            return None
+        t = z.shape[2]
+        if stat.shape[1] > 1:  # per-frame stats; a clip longer than them reuses the last frame's
+            if stat.shape[1] < t:
+                stat = torch.cat([stat, stat[:, -1:].expand(-1, t - stat.shape[1])], dim=1)
+            stat = stat[:, :t]
+        return stat.to(device=z.device, dtype=z.dtype)[None, :, :, None, None]
+
+    def normalize_latents(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latents ``(B, c, t, h, w)`` -> normalized ``(z - shift) / scale``."""
+        shift, scale = self._latent_stat("latent_shift", z), self._latent_stat("latent_scale", z)
+        return z if shift is None else (z - shift) / scale
+
+    def denormalize_latents(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalized latents ``(B, c, t, h, w)`` -> raw ``z * scale + shift``."""
+        shift, scale = self._latent_stat("latent_shift", z), self._latent_stat("latent_scale", z)
+        return z if shift is None else z * scale + shift
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
         """``(t, h, w)`` for a ``(T, H, W)`` input; raises ``ValueError`` naming sizes that work."""
         tc, sc = self.temporal_compression, self.spatial_compression
@@ -53,6 +91,17 @@ class VideoTokenizer(nn.Module, abc.ABC):
         frames = 1 + (t - 1) * tc if self.causal else (t * tc if t > 1 or tc == 1 else 1)
         return frames, h * sc, w * sc
 
+    # Tokenizers whose encode_raw/decode_raw take ``chunk_latents`` and stream over time exactly.
+    supports_streaming: bool = False
+
+    def encode_raw(self, video: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, T, H, W)`` -> unnormalized latents ``(B, c, t, h, w)`` (what tiling blends)."""
+        return self.denormalize_latents(self.encode(video))
+
+    def decode_raw(self, z: torch.Tensor) -> torch.Tensor:
+        """Unnormalized latents ``(B, c, t, h, w)`` -> ``(B, 3, T, H, W)``."""
+        return self.decode(self.normalize_latents(z))
+
     @abc.abstractmethod
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         """``(B, 3, T, H, W)`` in [-1, 1] -> normalized latents ``(B, c, t, h, w)``."""
@@ -67,6 +116,11 @@ class TextEncoder(abc.ABC):
 
     dim: int
     max_length: int
+
+    @property
+    def cache_key(self) -> str:
+        """Identifies what this encoder computes, for on-disk embedding caches; override when weights differ."""
+        return f"{type(self).__name__}:{self.dim}:{self.max_length}"
 
     @abc.abstractmethod
     def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,12 +21,16 @@ class HashTextEncoder(TextEncoder):
     def __init__(self, dim: int = 64, max_length: int = 16, vocab_size: int = 4096, seed: int = 0):
         if dim % 2:
             raise ValueError(f"HashTextEncoder dim must be even, got {dim}")
-        self.dim, self.max_length, self.vocab_size = dim, max_length, vocab_size
+        self.dim, self.max_length, self.vocab_size, self.seed = dim, max_length, vocab_size, seed
         g = torch.Generator().manual_seed(seed)
         self.table = torch.randn(vocab_size, dim, generator=g)
         pos = torch.arange(max_length, dtype=torch.float32)[:, None]
         freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
         self.positions = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1) * 0.1
+
+    @property
+    def cache_key(self) -> str:
+        return f"hash:{self.dim}:{self.max_length}:{self.vocab_size}:{self.seed}"
 
     def token_ids(self, caption: str) -> list[int]:
         words = re.findall(r"[a-z0-9]+", caption.lower())[: self.max_length]
