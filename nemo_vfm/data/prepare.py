@@ -202,7 +202,7 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
             writer.add(item.key, parts)
             written += 1
         bar.update(1)
-        bar.set_postfix(written=written, errors=len(errors))
+        bar.set_postfix(written=written, errors=len(errors), refresh=False)
     writer.flush()
     bar.close()
     (out / STATE_DIR / f"rank{rank}.done").write_text(json.dumps({"written": written, "world_size": world_size}))
