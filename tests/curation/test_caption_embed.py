@@ -53,3 +53,33 @@ def test_thumb_embedding_and_plugin():
     assert len(out.embedding) == 64 and abs(np.linalg.norm(out.embedding) - 1) < 1e-3
     (bad,), _ = run_stage(EmbedStage(kind="no.such.module:fn"), ClipTask(source="x", rel="x", thumbs=thumbs))
     assert bad.status == "error" and "cannot import" in bad.reason
+
+
+def _tiny_blip(folder):
+    """A randomly initialised, tiny BLIP captioner saved like a downloaded model (no network)."""
+    tr = pytest.importorskip("transformers")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", "a", "photo", "of", "red", "circle", "moving"]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    processor = tr.BlipProcessor(image_processor=tr.BlipImageProcessor(size={"height": 32, "width": 32}),
+                                 tokenizer=tr.BertTokenizer(str(folder / "vocab.txt"), bos_token="[DEC]"))
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    config = tr.BlipConfig(vision_config=dict(tiny, image_size=32, patch_size=16), projection_dim=32,
+                           text_config=dict(tiny, vocab_size=len(words), max_position_embeddings=32, bos_token_id=5,
+                                            sep_token_id=3, pad_token_id=0))
+    tr.BlipForConditionalGeneration(config).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return words
+
+
+def test_vlm_captions_with_a_local_model(tmp_path):
+    from nemo_vfm.curation.transcode import encode_mp4
+    from nemo_vfm.data.synthetic_video import ShapeClipSpec, render_shape_clip
+
+    words = _tiny_blip(tmp_path)
+    frames = render_shape_clip(ShapeClipSpec(num_frames=8, height=32, width=48), "circle", "red", "gray", "left")
+    task = ClipTask(source="x", rel="x", clip_index=0, span={"start_s": 0.0, "end_s": 1.0}, mp4=encode_mp4(frames, 8.0))
+    stage = CaptionStage(mode="vlm", vlm_model=str(tmp_path), vlm_prompt="a photo of", max_new_tokens=4)
+    stage.setup()
+    (out,), _ = run_stage(stage, task)
+    assert out.status == "ok", out.reason
+    assert isinstance(out.caption, str) and set(out.caption.split()) <= set(words)  # random weights: random words
