@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = curate(args.input, args.output, config, on_start=on_start, on_input_done=on_input_done)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         bar.close()
         console.print(f"[red]error:[/red] {e}")
         return 2

@@ -126,6 +126,9 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
             shutil.rmtree(staging_dir(staging, rel), ignore_errors=True)
         stages = build_stages(config, staging)
         budget = config.num_workers or (os.cpu_count() or 1) + len(stages)
+        if budget < sum(s.cpus for s in stages):
+            raise ValueError(f"num_workers={budget} is less than one worker per stage ({len(stages)} stages: "
+                             f"{', '.join(s.name for s in stages)}); set num_workers >= {len(stages)}")
         summaries: dict[str, dict] = {}
 
         def on_finished(t: ClipTask) -> None:

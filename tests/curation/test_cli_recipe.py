@@ -32,6 +32,10 @@ def test_cli_rejects_bad_overrides_and_missing_input(tmp_path, capsys):
     assert main(["curate", str(tmp_path), str(tmp_path / "o"), "aspect=squash"]) == 2
     assert "aspect" in capsys.readouterr().err
     assert main(["curate", str(tmp_path / "missing"), str(tmp_path / "o"), "engine=local"]) == 2
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.mp4").write_bytes(b"")
+    assert main(["curate", str(tmp_path / "in"), str(tmp_path / "o"), "engine=local", "num_workers=3"]) == 2
+    assert "num_workers" in capsys.readouterr().err
 
 
 def test_recipe_builds_and_runs(raw_videos, tmp_path):
