@@ -104,10 +104,10 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         ParallelStrategy.setup_environment(self)
-        self._setup_distributed()
         from nemo_vfm.parallel.mesh import build_mesh
 
-        self.dims = ParallelDims(world_size=self.world_size, **self._dims_kwargs(self.world_size))
+        world = self.num_nodes * self.num_processes  # checked before any process group is created
+        self.dims = ParallelDims(world_size=world, **self._dims_kwargs(world))
         cfg = getattr(self.lightning_module, "model_config", None)
         if cfg is not None and hasattr(cfg, "num_heads"):
             from nemo_vfm.models.dit.parallelize import check_layout
@@ -118,6 +118,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
             except (AttributeError, RuntimeError, TypeError):
                 pass
             check_layout(cfg, self.dims, latent)  # before configure_model builds anything
+        self._setup_distributed()
         self.parallel_mesh = build_mesh(self.dims, self.root_device.type)
         self._device_mesh = self.parallel_mesh.world
         self.lightning_module._device_mesh = self._device_mesh

@@ -13,7 +13,7 @@ mask bool broadcastable to (B, H, Sq, Sk), True = may attend.
 
 Backends: ``math`` (pure PyTorch, any device, supports masks), ``cpu_flash`` (ATen's CPU flash
 kernel), ``flash`` and ``cudnn`` (ATen's CUDA kernels). ``auto`` picks ``math`` when a mask is
-given, else ``flash`` (CUDA) or ``cpu_flash`` (CPU).
+given, else ``flash`` (CUDA, fp16/bf16), ``cpu_flash`` (CPU, fp32/bf16) or ``math``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ def resolve_backend(backend: str, q: torch.Tensor, mask: torch.Tensor | None) ->
         return "math"
     if backend != "auto":
         return backend
-    if q.device.type == "cuda":
+    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
         return "flash"
-    return "cpu_flash" if q.device.type == "cpu" else "math"
+    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16):
+        return "cpu_flash"
+    return "math"
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:

@@ -74,24 +74,24 @@ def _net_inputs(b: dict) -> tuple[torch.Tensor, dict]:
 
 
 def run_reference(cfg, problem: dict, *, steps: int = 3, lr: float = 0.5, max_norm: float = 1.0,
-                  momentum: float = 0.0) -> dict:
+                  momentum: float = 0.0, device="cpu") -> dict:
     """The single-process run: per step the loss, gradient norm and gradients; final weights."""
-    model = cfg.build("meta").to_empty(device="cpu")
+    model = cfg.build("meta").to_empty(device=device)
     model.load_state_dict(problem["state"])
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    b = _rows(problem, slice(None), "cpu")
+    b = _rows(problem, slice(None), device)
     x_in, cond = _net_inputs(b)
     res = {"loss": [], "norm": [], "grads": []}
     for _ in range(steps):
         opt.zero_grad()
         out = model(x_in, b["c_noise"], **cond)
-        loss = per_sample_loss(out, b, torch.arange(x_in.shape[0])).mean()
+        loss = per_sample_loss(out, b, torch.arange(x_in.shape[0], device=x_in.device)).mean()
         loss.backward()
-        res["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        res["grads"].append({n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()})
         res["norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
         res["loss"].append(loss.item())
         opt.step()
-    res["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    res["params"] = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
     return res
 
 

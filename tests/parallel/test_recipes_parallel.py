@@ -7,9 +7,8 @@ run = pytest.importorskip("nemo_run")
 
 
 def test_fiddlers_compose_and_build():
-    from nemo_vfm_recipes import dit, parallel
-
     from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm_recipes import dit, parallel
 
     recipe = parallel.with_cp(parallel.with_tp(dit.pretrain_7b(), 2), 4, kind="a2a")
     recipe = parallel.with_fsdp(recipe, activation_checkpointing="full")

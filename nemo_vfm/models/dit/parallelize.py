@@ -97,8 +97,12 @@ class _TokenParallel:
     def block_args(self, sig: inspect.Signature, args, kwargs, first: bool):
         bound = sig.bind(*args, **kwargs)
         a = bound.arguments
-        if a.get("attn_mask") is not None and self.cp_group is not None:
-            raise NotImplementedError("a dense attn_mask under context parallelism is not supported.")
+        if a.get("attn_mask") is not None or a.get("seg_ids") is not None:
+            raise NotImplementedError(
+                "packed (THD) batches under context/sequence parallelism are not wired into the DiT yet "
+                "(the ring/all-to-all kernels take segment ids); train packed batches with TP/FSDP/PP, "
+                "or unpacked batches with CP/SP."
+            )
         if first:
             for name in BLOCK_TOKEN_ARGS:
                 a[name] = self.split(a[name])
