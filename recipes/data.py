@@ -7,9 +7,8 @@ Python::
     recipe.data = data.energon_datamodule(path="/data/webvid_prepared", max_seq_length=8192, pad_to_multiple=8)
     recipe.data = data.energon_blend([("/data/videos", 3.0), ("/data/images", 1.0)], max_seq_length=8192)
 
-CLI (``launchers/train.py`` imports this module)::
-
-    python launchers/train.py --factory pretrain_xl --yes data=energon data.path=/data/prepared data.max_seq_length=8192
+CLI (``launchers/train.py`` imports this module): ``data=energon`` / ``data=energon_packed`` are registered
+for ``train``'s ``data`` argument; nemo-run resolves them once that argument carries a type annotation.
 """
 
 from __future__ import annotations
