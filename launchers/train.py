@@ -21,7 +21,8 @@ def main(argv: list[str]) -> int:
     import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)
     from nemo_vfm.train import train
 
-    for optional in ("nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data"):  # extra fiddlers, when installed
+    for optional in ("nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
+                     "nemo_vfm_recipes.moviegen"):  # extra fiddlers and model families, when installed
         try:
             __import__(optional)
         except ModuleNotFoundError as e:
