@@ -10,6 +10,7 @@ import logging
 import pickle
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from nemo_vfm.curation.stage import Stage, run_stage
@@ -137,6 +138,7 @@ class RayBackend:
 
     def poll(self, timeout: float) -> list[Done]:
         if not self._pending:
+            time.sleep(timeout)  # nothing in flight: do not spin
             return []
         ray = self._ray
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
