@@ -139,3 +139,27 @@ def test_layout_check_names_the_problem():
     check_layout(moviegen_config("30b"), ParallelDims(world_size=64, tp=8), (32, 32, 32))
     with pytest.raises(NotImplementedError, match="pipeline"):
         check_layout(tiny(), ParallelDims(world_size=2, pp=2))
+
+
+def test_recipes_build_serialize_and_train_two_steps(tmp_path):
+    import fiddle as fdl
+    from nemo_run.core.serialization.yaml import YamlSerializer
+
+    from nemo_vfm.diffusion.flow_matching import FlowMatching
+    from nemo_vfm_recipes import moviegen
+
+    for name in ("pretrain_moviegen_1b", "pretrain_moviegen_3b", "pretrain_moviegen_5b", "pretrain_moviegen_30b"):
+        recipe = getattr(moviegen, name)()
+        assert "model:" in YamlSerializer().serialize(recipe)
+        fdl.build(recipe.model).build("meta")
+    big = moviegen.pretrain_moviegen_30b()
+    assert big.trainer.strategy.fsdp and big.trainer.strategy.activation_checkpointing == "full"
+    r = moviegen.pretrain_moviegen_1b()
+    assert isinstance(fdl.build(r.objective), FlowMatching)
+    r.model.num_layers, r.model.hidden_size, r.model.num_heads, r.model.num_kv_heads, r.model.ffn_size = 1, 32, 2, 1, 32
+    r.model.context_dim = r.data.context_dim = 16
+    r.data.context_length, r.data.num_frames, r.data.height, r.data.width, r.data.num_samples = 4, 2, 4, 4, 4
+    r.trainer.max_steps, r.trainer.accelerator, r.trainer.devices, r.trainer.enable_progress_bar = 2, "cpu", 1, False
+    r.log.root, r.log.tensorboard = str(tmp_path), False
+    summary = fdl.build(r)()
+    assert summary["step"] == 2 and summary["loss"] is not None

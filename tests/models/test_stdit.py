@@ -140,3 +140,24 @@ def test_layout_check_names_the_problem():
     check_layout(cfg, ParallelDims(world_size=4, cp=4), (4, 4, 6), factorized_cp="ring")
     with pytest.raises(NotImplementedError, match="pipeline"):
         check_layout(cfg, ParallelDims(world_size=2, pp=2))
+
+
+def test_recipes_build_serialize_and_train_two_steps(tmp_path):
+    import fiddle as fdl
+    from nemo_run.core.serialization.yaml import YamlSerializer
+
+    from nemo_vfm_recipes import stdit
+
+    for name in ("pretrain_stdit_xl", "pretrain_stdit_xl_wide", "pretrain_stdit_3b"):
+        recipe = getattr(stdit, name)()
+        assert "model:" in YamlSerializer().serialize(recipe)
+        fdl.build(recipe.model).build("meta")
+    r = stdit.pretrain_stdit_xl()
+    r.model.num_layers, r.model.hidden_size, r.model.num_heads, r.model.ffn_size = 2, 32, 2, 32
+    r.model.context_dim = r.data.context_dim = 16
+    r.model.full_attn_every = 2
+    r.data.context_length, r.data.num_frames, r.data.height, r.data.width, r.data.num_samples = 4, 2, 4, 4, 4
+    r.trainer.max_steps, r.trainer.accelerator, r.trainer.devices, r.trainer.enable_progress_bar = 2, "cpu", 1, False
+    r.log.root, r.log.tensorboard = str(tmp_path), False
+    summary = fdl.build(r)()
+    assert summary["step"] == 2 and summary["loss"] is not None
