@@ -363,15 +363,15 @@ def suite(name: str) -> list[BenchSettings]:
     if name == "7b":  # 8 x 64 x 64 latent at patch (1, 2, 2) = 8192 tokens; 512 text tokens
         base = dict(flavor="7b", latent=(8, 64, 64), batch=1, text_len=512, warmup=3, steps=6)
         return [BenchSettings(name="7b-fwdbwd-cudnn", **base, optimizer="none", sdpa="cudnn", profile=True),
-                BenchSettings(name="7b-fwdbwd-flash", **base, optimizer="none", sdpa="flash"),
-                BenchSettings(name="7b-4layers-full-step", **{**base, "layers": 4}, sdpa="cudnn")]
+                BenchSettings(name="7b-4layers-full-step", **{**base, "layers": 4}, sdpa="cudnn"),
+                BenchSettings(name="7b-fwdbwd-flash", **base, optimizer="none", sdpa="flash")]
     if name == "packed":  # same 8192 tokens: one 8-frame video vs 2 videos + 2 images, XL width, text 128
         base = dict(flavor="xl", text_len=128, warmup=4, steps=10, sdpa="cudnn")
         mix = ((1, 4, 64, 64), (1, 2, 64, 64), (2, 1, 64, 64))
-        return [BenchSettings(name="unpacked-8192", **base, latent=(8, 64, 64), batch=1),
-                BenchSettings(name="packed-8192", **base, packed=mix),
-                BenchSettings(name="unpacked-8192-eager", **base, latent=(8, 64, 64), batch=1, compile=False),
-                BenchSettings(name="packed-8192-eager", **base, packed=mix, compile=False)]
+        return [BenchSettings(name="packed-8192", **base, packed=mix),
+                BenchSettings(name="unpacked-8192", **base, latent=(8, 64, 64), batch=1),
+                BenchSettings(name="packed-8192-eager", **base, packed=mix, compile=False),
+                BenchSettings(name="unpacked-8192-eager", **base, latent=(8, 64, 64), batch=1, compile=False)]
     raise ValueError(f"unknown suite {name!r}; choose one of: xl, 7b, packed")
 
 
