@@ -18,6 +18,7 @@ def main(argv: list[str]) -> int:
     import typer
     from nemo_run.config import get_type_namespace
 
+    import executors  # noqa: F401  (launchers/executors.py: run.executor=local|slurm|kubernetes)
     import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)
     from nemo_vfm.train import train
 
