@@ -42,7 +42,8 @@ LAYOUTS_2 = {
 }
 LAYOUTS_4 = {
     "ST-DiT CP4 hybrid": ("stdit", dict(cp=4), dict(factorized_cp="hybrid")),
-    "ST-DiT CP2 hybrid x FSDP2": ("stdit", dict(cp=2), dict(factorized_cp="hybrid")),
+    "ST-DiT CP2 hybrid x FSDP2 + full AC": ("stdit", dict(cp=2), dict(factorized_cp="hybrid",
+                                                                       activation_checkpointing="full")),
     "MovieGen TP2 (SP) x FSDP2": ("moviegen", dict(tp=2, sequence_parallel=True), {}),
 }
 
