@@ -43,14 +43,36 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.core = SDPACore()
 
+    # Speed knob (off by default): project q, k, v with one matmul over the concatenated weights (one read
+    # of the input, one wide GEMM). Used only where q/k/v are plain, hook-free nn.Linear layers with
+    # ordinary tensors (under tensor parallelism or module hooks the three layers run as usual).
+    fuse_qkv: bool = False
+
     def _heads(self, x_BSD: torch.Tensor) -> torch.Tensor:
         return x_BSD.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, Hn, S, Dh); Hn local under TP
 
+    def _fusable(self) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        lins = (self.q, self.k, self.v)
+        return (all(type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks for m in lins)
+                and not any(isinstance(m.weight, DTensor) for m in lins)
+                and len({m.bias is None for m in lins}) == 1)
+
+    def project_qkv(self, x_BSD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q, k, v)``, each ``(B, S, D)``, before head split and norms."""
+        if self.fuse_qkv and self._fusable():
+            w = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+            b = None if self.q.bias is None else torch.cat([self.q.bias, self.k.bias, self.v.bias])
+            return F.linear(x_BSD, w, b).chunk(3, dim=-1)
+        return self.q(x_BSD), self.k(x_BSD), self.v(x_BSD)
+
     def forward(self, x_BSD: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        q = self.q_norm(self._heads(self.q(x_BSD)))
-        k = self.k_norm(self._heads(self.k(x_BSD)))
-        v = self._heads(self.v(x_BSD))
+        q, k, v = self.project_qkv(x_BSD)
+        q = self.q_norm(self._heads(q))
+        k = self.k_norm(self._heads(k))
+        v = self._heads(v)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = self.core(q, k, v, mask)  # (B, Hn, S, Dh)
