@@ -13,14 +13,10 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    import catalogue
-    import nemo_run as run
-    import typer
-    from nemo_run.config import get_type_namespace
-
     import executors  # noqa: F401  (launchers/executors.py: run.executor=local|slurm|kubernetes)
     import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)
     from nemo_vfm.train import train
+    from nemo_vfm_recipes.cli import run_cli
 
     for optional in ("nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
                      "nemo_vfm_recipes.moviegen"):  # extra fiddlers and model families, when installed
@@ -29,19 +25,7 @@ def main(argv: list[str]) -> int:
         except ModuleNotFoundError as e:
             if e.name != optional:
                 raise
-
-    if "--factory" in argv:
-        i = argv.index("--factory") + 1
-        name = argv[i] if i < len(argv) else ""
-        known = sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train)]))
-        if name not in known:
-            print(f"error: unknown factory {name!r}; choose one of: {', '.join(known)}", file=sys.stderr)
-            return 2
-    entry = run.cli.entrypoint(namespace="vfm")(train)
-    app = typer.Typer(pretty_exceptions_enable=False)
-    entry.cli_entrypoint._add_command(app, is_main=True)
-    rc = app(args=argv, prog_name="launchers/train.py", standalone_mode=False)
-    return rc if isinstance(rc, int) else 0
+    return run_cli(train, argv, "launchers/train.py")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning
 import yaml
 
 
@@ -117,7 +118,7 @@ def _sample_fn(data, sampling, fps):
     return fn
 
 
-def train(*, model, data, trainer: TrainerConfig | None = None, objective=None, optim=None,
+def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
           cond_dropout: float = 0.1, seed: int = 1234) -> dict:
     """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).

@@ -14,6 +14,7 @@ for ``train``'s ``data`` argument; nemo-run resolves them once that argument car
 from __future__ import annotations
 
 import nemo_run as run
+from lightning import LightningDataModule
 
 from nemo_vfm.data.energon_datamodule import EnergonDataModule
 from nemo_vfm.data.prepare import PrepareConfig, prepare
@@ -49,12 +50,14 @@ def packed(cfg: run.Config[EnergonDataModule], max_seq_length: int = 8192, pad_t
     return cfg
 
 
+@run.cli.factory(target=LightningDataModule, name="energon")  # found when overriding a --factory recipe
 @run.cli.factory(target=train, target_arg="data", name="energon")
 def energon() -> run.Config[EnergonDataModule]:
     """CLI ``data=energon data.path=DIR``: bucketed batches from a prepared folder."""
     return energon_datamodule()
 
 
+@run.cli.factory(target=LightningDataModule, name="energon_packed")
 @run.cli.factory(target=train, target_arg="data", name="energon_packed")
 def energon_packed() -> run.Config[EnergonDataModule]:
     """CLI ``data=energon_packed data.path=DIR data.max_seq_length=N``: packed THD batches."""

@@ -27,6 +27,7 @@ from nemo_vfm.lightning.module import OptimConfig
 from nemo_vfm.models.dit.flavors import FLAVORS
 from nemo_vfm.models.dit.model import DiTConfig
 from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+from nemo_vfm_recipes import parallel
 
 # Latent space of the default video tokenizer (Cosmos-style continuous 16-channel, 8x8 spatial, 4x temporal)
 # and the default text encoder (T5-XXL: 4096-dim, 512 tokens).
@@ -115,13 +116,14 @@ def pretrain_xl() -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain_7b() -> run.Partial:
-    """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents).
+    """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
+    TP2 + SP + FSDP with selective activation checkpointing (``parallel.layout_7b``).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``
     Python: ``recipe = dit.pretrain_7b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
     recipe = _sized("7b", "pretrain_7b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
-    return recipe
+    return parallel.layout_7b(recipe)
 
 
 @run.cli.factory(target=train)
@@ -137,13 +139,14 @@ def pretrain_14b() -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain_28b() -> run.Partial:
-    """DiT-28B (48 layers, 6144 hidden, 48 heads, AdaLN-LoRA 256).
+    """DiT-28B (48 layers, 6144 hidden, 48 heads, AdaLN-LoRA 256), TP4 + SP + FSDP, full activation
+    checkpointing (``parallel.layout_28b``; at least 16 GPUs of 80 GB).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_28b --yes``
     Python: ``recipe = dit.pretrain_28b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
     recipe = _sized("28b", "pretrain_28b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
-    return recipe
+    return parallel.layout_28b(recipe)
 
 
 @run.cli.factory(target=train)

@@ -1,7 +1,5 @@
 """Settings of a curation run, validated up front, plus ``key=value`` overrides for the CLI."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 from dataclasses import dataclass, field

@@ -12,8 +12,6 @@ runs. Output layout::
     OUTPUT/.staging/        per-input clip files the shards are packed from
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import logging

@@ -9,8 +9,6 @@
   without, bucketed :class:`~nemo_vfm.data.batch.VideoBatch`.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import pickle

@@ -58,8 +58,12 @@ class _ResumableDataModule(L.LightningDataModule):
         self.dataset: _DictDataset | None = None
 
     def _rank_world(self) -> tuple[int, int]:
+        """Data-parallel rank and size: ranks of one TP/CP/PP group get the same samples."""
         t = self.trainer
-        return (t.global_rank, t.world_size) if t is not None else (0, 1)
+        if t is None:
+            return 0, 1
+        s = t.strategy
+        return getattr(s, "data_parallel_rank", t.global_rank), getattr(s, "data_parallel_size", t.world_size)
 
     def train_dataloader(self):
         rank, world = self._rank_world()

@@ -40,5 +40,11 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
     d = Path(ckpt_dir)
     if not d.is_dir():
         return None
-    found = [(checkpoint_step(p), p) for p in d.iterdir() if checkpoint_step(p) is not None and p.stat().st_size > 0]
+    found = [(checkpoint_step(p), p) for p in d.iterdir() if checkpoint_step(p) is not None and _complete(p)]
     return max(found)[1] if found else None
+
+
+def _complete(p: Path) -> bool:
+    """A file checkpoint is complete once renamed into place; a sharded (DCP) directory once its
+    ``.metadata`` exists (DCP writes it last)."""
+    return (p / ".metadata").is_file() if p.is_dir() else p.stat().st_size > 0

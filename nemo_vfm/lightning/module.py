@@ -88,7 +88,9 @@ class DiffusionModule(L.LightningModule):
         if hasattr(batch, "cu_seqlens"):  # packed THD batch (nemo_vfm.data.batch.PackedBatch)
             return self._packed_step(batch)
         x0 = batch["latents"]
-        g = step_generator(self.seed, self.global_step, self.global_rank, x0.device)
+        # TP/CP/PP peers work on the same samples: they must draw the same noise (seed by data-parallel rank)
+        dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)
+        g = step_generator(self.seed, self.global_step, dp_rank, x0.device)
         cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
         cond = drop_condition(cond, self.cond_dropout, g, self.num_classes)
         loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)

@@ -18,8 +18,6 @@ Pipeline parallelism is available as a library (``nemo_vfm.parallel.pipeline``) 
 this strategy yet: ``pipeline_model_parallel_size > 1`` raises ``NotImplementedError``.
 """
 
-from __future__ import annotations
-
 from datetime import timedelta
 
 import torch
