@@ -14,6 +14,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     import executors  # noqa: F401  (launchers/executors.py: run.executor=local|slurm|kubernetes)
+
     import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)
     from nemo_vfm.train import train
     from nemo_vfm_recipes.cli import run_cli
