@@ -124,8 +124,24 @@ def single_process(executor):
     elif isinstance(ex, run.LocalExecutor):
         ex.ntasks_per_node = 1
     elif isinstance(ex, run.KubeflowExecutor):
-        ex.num_nodes, ex.nprocs_per_node = 1, 1
+        ex.num_nodes, ex.nprocs_per_node, ex.gpus_per_node = 1, 1, ex.gpus_per_node and 1
     return ex
+
+
+def for_pods(name: str, task, torchrun: bool = False):
+    """Kubernetes pods do not see this machine's files: carry a Partial's serialized config in the command
+    itself (``fdl_runner`` takes it inline) and run scripts as plain argument lists (no shell, no file).
+    ``torchrun`` without arguments reads the PET_* rendezvous variables the Kubeflow Trainer sets."""
+    import nemo_run as run
+    from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
+
+    if isinstance(task, run.Script):
+        module, args = shlex.split(task.inline)[2], shlex.split(task.inline)[3:]
+    else:
+        module, args = "nemo_run.core.runners.fdl_runner", ["-n", name, ZlibJSONSerializer().serialize(task)]
+    if torchrun:  # python -m torch.distributed.run == torchrun
+        module, args = "torch.distributed.run", ["-m", module, *args]
+    return run.Script(path=module, m=True, entrypoint="python", args=args)
 
 
 def build_experiment(title: str, tasks, executor):
@@ -139,6 +155,8 @@ def build_experiment(title: str, tasks, executor):
     previous = None
     for name, task in tasks:
         ex = executors.clone(executor) if name in ("prepare", "train") else single_process(executor)
+        if isinstance(ex, run.KubeflowExecutor):
+            task, ex.launcher = for_pods(name, task, torchrun=ex.launcher == "torchrun"), None
         previous = exp.add(task, executor=ex, name=name, dependencies=[previous] if previous else None)
     return exp
 
@@ -156,7 +174,7 @@ def print_dryrun(exp) -> list[str]:
             continue
         request = info.request
         if hasattr(request, "cmd") and hasattr(request, "executor") and hasattr(request.executor, "get_job_body"):
-            name = f"{exp._id}-{job.id}".lower().replace("_", "-")[-40:].strip("-")
+            name = f"vfm-{job.id}-{exp._id.rsplit('_', 1)[-1][-8:]}"
             text = yaml.safe_dump(executors.trainjob_manifest(request.executor, request.cmd, name), sort_keys=False)
         elif hasattr(request, "materialize"):
             text = request.materialize()
@@ -215,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    with executors.deferred_kube_clients():  # Kubeflow executors read the kubeconfig when they submit
+        return _launch(args, tasks, executor)
+
+
+def _launch(args, tasks, executor) -> int:
     exp = build_experiment(args.title, tasks, executor)
     try:
         if args.dryrun:
