@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 CONSTRAINTS := $(VENV)/constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo demo-data test lint bench-data clean
 
 setup: $(STAMP)
 
@@ -35,8 +35,13 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check nemo_vfm recipes launchers tests bench
 
-bench: setup
-	$(VPY) bench/train_throughput.py --help
+# raw synthetic clips -> vfm prepare -> Energon (3:1 blend) -> packed training (CPU)
+demo-data: setup
+	$(VPY) -m nemo_vfm.data.demo_pipeline --out demo_output/data --steps 100
+
+# CPU benchmark of the data loader and packing efficiency (GPU benchmarks: see docs/benchmarks.md)
+bench-data: setup
+	$(VPY) bench/data_loader.py --out bench/results/data_loader_cpu.json
 
 clean:
 	rm -rf demo_output experiments .pytest_cache
