@@ -137,8 +137,8 @@ def test_layout_check_names_the_problem():
     with pytest.raises(ValueError, match="num_kv_heads=8"):
         check_layout(moviegen_config("30b"), ParallelDims(world_size=16, tp=16))
     check_layout(moviegen_config("30b"), ParallelDims(world_size=64, tp=8), (32, 32, 32))
-    with pytest.raises(NotImplementedError, match="pipeline"):
-        check_layout(tiny(), ParallelDims(world_size=2, pp=2))
+    with pytest.raises(ValueError, match="pipeline stages"):
+        check_layout(moviegen_config("tiny", num_layers=3), ParallelDims(world_size=2, pp=2))
 
 
 def test_recipes_build_serialize_and_train_two_steps(tmp_path):

@@ -39,6 +39,7 @@ LAYOUTS_2 = {
     "MovieGen TP2": ("moviegen", dict(tp=2), {}),
     "MovieGen FSDP2": ("moviegen", dict(), {}),
     "MovieGen CP2 ring": ("moviegen", dict(cp=2), {}),
+    "MovieGen PP2 1F1B": ("moviegen", dict(pp=2), {}),
 }
 LAYOUTS_4 = {
     "ST-DiT CP4 hybrid": ("stdit", dict(cp=4), dict(factorized_cp="hybrid")),
@@ -63,26 +64,44 @@ def run_layout(family: str, cfg, problem: dict, dims, steps: int = STEPS, **kw) 
     pmesh = build_mesh(dims)
     model = cfg.build("meta").to_empty(device="cpu")
     model.load_state_dict(problem["state"])
-    model = P.parallelize(model, pmesh, param_dtype=None, reduce_dtype=None, **kw)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    kw = {"param_dtype": None, "reduce_dtype": None, **kw}
+    runner = None
+    if dims.pp > 1:
+        from nemo_vfm.parallel.pipeline import PipelineRunner
+
+        modules, ids = P.build_pipeline_stages(model, pmesh, **kw)
+        for st in modules:
+            P.set_stage_grid(st, problem["latent"])
+        runner = PipelineRunner(modules, ids, pmesh, device=torch.device("cpu"), pp_duplicated=P.PP_DUPLICATED)
+    else:
+        modules = [P.parallelize(model, pmesh, **kw)]
+    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.5)
     dp, r = pmesh.size("dp"), pmesh.rank("dp")
     n = problem["x0"].shape[0] // dp
     b = {k: (v[r * n:(r + 1) * n] if torch.is_tensor(v) else v) for k, v in problem.items() if k != "state"}
     x_in = b["x_noisy"] * b["c_in"].view(-1, 1, 1, 1, 1)
+    cond = {"context": b["context"], "context_mask": b["context_mask"]}
     res = {"loss": [], "norm": [], "grads": []}
     for _ in range(steps):
         opt.zero_grad()
-        out = model(x_in, b["c_noise"], context=b["context"], context_mask=b["context_mask"])
-        loss = E.per_sample_loss(out, b, torch.arange(n)).mean()
-        loss.backward()
-        sync_grads(model, pmesh, tp_partial=P.TP_PARTIAL)
-        res["grads"].append({clean_name(k): _full(p.grad) for k, p in model.named_parameters() if p.grad is not None})
-        res["norm"].append(clip_grad_norm_(model, 1.0, pmesh).item())
+        if runner is None:
+            loss = E.per_sample_loss(modules[0](x_in, b["c_noise"], **cond), b, torch.arange(n)).mean()
+            loss.backward()
+        else:
+            loss, _ = runner.step(x_in, lambda o, idx: E.per_sample_loss(o, b, idx).sum() / n, timesteps=b["c_noise"],
+                                  **cond)
+            loss = runner.broadcast_loss(loss, "cpu")
+            runner.sync_duplicated_grads()
+        for m in modules:
+            sync_grads(m, pmesh, tp_partial=P.TP_PARTIAL)
+        res["grads"].append({clean_name(k): _full(p.grad) for m in modules for k, p in m.named_parameters()
+                             if p.grad is not None})
+        res["norm"].append(clip_grad_norm_(modules, 1.0, pmesh, pp_duplicated=P.PP_DUPLICATED).item())
         loss = loss.detach().clone()
         dist.all_reduce(loss, group=pmesh.group("dp"))
         res["loss"].append(loss.item() / dp)
         opt.step()
-    res["params"] = {clean_name(k): _full(p) for k, p in model.named_parameters()}
+    res["params"] = {clean_name(k): _full(p) for m in modules for k, p in m.named_parameters()}
     return res
 
 
@@ -105,7 +124,7 @@ def references():
 def _check(results, references, layouts):
     failures = {}
     for name, (family, _, _) in layouts.items():
-        errs = E.compare(references[family], results[0][name])
+        errs = E.compare(references[family], E.merge_ranks([r[name] for r in results]))
         if not (errs["loss"] < 1e-5 and errs["norm"] < 1e-5 and errs["grads"] < 1e-4 and errs["params"] < 1e-5):
             failures[name] = errs
     assert not failures, failures

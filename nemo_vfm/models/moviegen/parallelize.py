@@ -6,14 +6,20 @@ takes the same token/conditioning arguments. Under TP the query heads and the ke
 split alike, so ``num_kv_heads`` must be divisible by ``tp``. FSDP2 is the default for the large
 flavors (``recipes/moviegen.py``: 30B shards over every data-parallel rank).
 
-Not here: pipeline parallelism (raises ``NotImplementedError``); packed batches under CP/SP.
+Pipeline parallelism: :func:`build_pipeline_stages` gives this rank's stages (contiguous block
+ranges; the patch embedding and position tables on the first stage, the final layer on the last,
+the timestep conditioning duplicated on every stage) for ``nemo_vfm.parallel.pipeline.PipelineRunner``.
+
+Not here: packed batches under CP/SP.
 """
 
 from __future__ import annotations
 
+import copy
+
 from torch import nn
 
-from nemo_vfm.models.dit.parallelize import _install_token_hooks, _replace_cores, _TokenParallel
+from nemo_vfm.models.dit.parallelize import _install_token_hooks, _replace_cores, _TokenParallel, stage_layers
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
@@ -37,9 +43,6 @@ PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "t_block.*")
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
     """Fail before building anything if ``cfg`` (a MovieGenConfig) does not fit ``dims``."""
-    if dims.pp > 1:
-        raise NotImplementedError("pipeline parallelism is not implemented for MovieGen yet; use TP/CP/FSDP "
-                                  "(FSDP is how MovieGen 30B is trained).")
     if cfg.num_kv_heads % dims.tp:
         raise ValueError(f"num_kv_heads={cfg.num_kv_heads} is not divisible by tensor parallel size tp={dims.tp}; "
                          f"pick tp among the divisors of {cfg.num_kv_heads}.")
@@ -62,25 +65,85 @@ def parallelize_moviegen(
     reduce_dtype: str | None = "fp32",
     attention_backend: str = "auto",
     reshard_after_forward: bool = True,
+    blocks_only: bool = False,
 ) -> nn.Module:
-    """Apply TP/SP, CP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
+    """Apply TP/SP, CP, activation checkpointing, compile and FSDP to ``model`` in place; return it.
+
+    ``blocks_only``: a pipeline stage that splits/gathers its tokens itself (no model-level hooks)."""
+    if pmesh.dims.pp > 1 and not blocks_only:
+        raise ValueError("under pipeline parallelism build the stages with build_pipeline_stages(model, pmesh)")
     d = pmesh.dims
     check_layout(model.cfg, d)
-    blocks = model.blocks
+    blocks = [b for b in model.blocks if not isinstance(b, nn.Identity)]
     if d.tp > 1:
         apply_tensor_parallel(blocks, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
                               sp_input_arity=SP_INPUT_ARITY)
     if d.cp > 1:
         _replace_cores(blocks, pmesh, attention_backend)
-    if d.cp > 1 or d.sequence_parallel:
+    if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         _install_token_hooks(model, _TokenParallel(pmesh))
-    apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
+    apply_activation_checkpointing(model.blocks, activation_checkpointing, ac_every)
     if compile:
-        compile_blocks(blocks)
+        compile_blocks(model.blocks)
     if d.fsdp:
-        apply_fsdp(model, list(blocks), pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+        blocks = [b for b in model.blocks if not isinstance(b, nn.Identity)]
+        apply_fsdp(model, blocks, pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                    reshard_after_forward=reshard_after_forward)
     return model
 
 
 parallelize = parallelize_moviegen  # the family-generic name
+
+
+# -- pipeline stages ---------------------------------------------------------------------------------
+def _stage_forward(self, x, timesteps, context=None, context_mask=None, class_labels=None, fps=None):
+    """First stage: latents (B, C, T, H, W) in; others: tokens (B, S_local, D). Last stage: output out."""
+    from nemo_vfm.models.common.embeddings import unpatchify
+
+    pp = self._pp
+    tok: _TokenParallel = pp["tok"]
+    grid = tuple(n // p for n, p in zip(pp["grid"], self.cfg.patch_size))
+    if pp["first"]:
+        tokens = self.patch_embed(x)
+        tokens = tok.split(tokens + self.grid_positions(grid, x.device).to(tokens.dtype))
+    else:
+        tokens = x
+    c, mod = self.condition(timesteps, class_labels, fps)
+    for i in pp["layers"]:
+        tokens = self.blocks[i](tokens, mod, context, context_mask)
+    if not pp["last"]:
+        return tokens
+    out = tok.gather(self.final_layer(tokens, c))
+    return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
+
+
+def set_stage_grid(stage: nn.Module, latent_thw: tuple[int, int, int]) -> None:
+    """The latent size (T, H, W) of the next steps (stages between the first and last never see it)."""
+    stage._pp["grid"] = tuple(latent_thw)
+
+
+def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_kwargs):
+    """This rank's stage modules and their indices (stage ``s`` of ``pp * v`` on rank ``s % pp``),
+    parallelised with :func:`parallelize_moviegen`; parameter names are the full model's."""
+    d = pmesh.dims
+    check_layout(model.cfg, d)
+    n = d.num_stages
+    layers = stage_layers(len(model.blocks), n)
+    tok = _TokenParallel(pmesh)
+    stages, ids = [], []
+    for s in range(pmesh.rank("pp"), n, d.pp):
+        stage = copy.deepcopy(model)
+        keep = set(layers[s])
+        for i in range(len(stage.blocks)):
+            if i not in keep:
+                stage.blocks[i] = nn.Identity()
+        if s != 0:
+            stage.patch_embed = stage.pos_t = stage.pos_h = stage.pos_w = None
+        if s != n - 1:
+            stage.final_layer = None
+        stage._pp = {"first": s == 0, "last": s == n - 1, "layers": layers[s], "tok": tok, "grid": None}
+        stage.forward = _stage_forward.__get__(stage)
+        parallelize_moviegen(stage, pmesh, blocks_only=True, **{"reshard_after_forward": False, **parallelize_kwargs})
+        stages.append(stage)
+        ids.append(s)
+    return stages, ids
