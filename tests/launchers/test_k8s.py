@@ -33,7 +33,10 @@ def _load(name):
 @pytest.fixture(scope="module")
 def manifests(tmp_path_factory):
     """The dryrun of the full chain on 2 nodes x 8 GPUs with a data PVC: {step: (manifest, printed text)}."""
-    os.environ["NEMORUN_HOME"] = str(tmp_path_factory.mktemp("nemorun"))
+    from nemo_run import config
+
+    old_home = config.get_nemorun_home()
+    config.set_nemorun_home(str(tmp_path_factory.mktemp("nemorun")))
     experiment = _load("experiment")
     executors = sys.modules.get("executors") or _load("executors")
     ex = executors.kubernetes_executor("ghcr.io/example/nemo-vfm:0.1", nodes=2, gpus_per_node=8, cpu="32",
@@ -49,6 +52,7 @@ def manifests(tmp_path_factory):
             texts = experiment.print_dryrun(exp)
         finally:
             exp.__exit__(None, None, None)
+            config.set_nemorun_home(old_home)
     return {job.id: (yaml.safe_load(t), t) for job, t in zip(exp.jobs, texts)}
 
 
