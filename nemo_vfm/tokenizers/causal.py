@@ -10,7 +10,6 @@ training). Train it with :func:`nemo_vfm.tokenizers.train.train_tokenizer`.
 Legend: B batch, T/H/W pixel frames/height/width, t/h/w latent ones, c latent channels.
 """
 
-from __future__ import annotations
 
 import contextlib
 import math
@@ -257,7 +256,7 @@ class CausalVideoTokenizer(VideoTokenizer):
         return path
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> CausalVideoTokenizer:
+    def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "CausalVideoTokenizer":
         """Load a tokenizer written by :meth:`save_checkpoint` (or by ``train_tokenizer``)."""
         path = Path(path)
         if path.is_dir():

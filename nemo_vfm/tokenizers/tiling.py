@@ -15,7 +15,6 @@ at 8x spatial compression, random weights). Larger overlaps shrink the differenc
 Legend: B batch, T/H/W pixel frames/height/width, t/h/w latent ones, c latent channels.
 """
 
-from __future__ import annotations
 
 from dataclasses import dataclass
 

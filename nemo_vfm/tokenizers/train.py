@@ -10,7 +10,6 @@ Writes to ``out_dir``: ``tokenizer.pt`` (load with ``build_tokenizer("causal", c
 Recipes: ``recipes/tokenizer.py`` (``tokenizer_4x8x8``, ``tokenizer_8x8x8``, ``tokenizer_8x16x16``).
 """
 
-from __future__ import annotations
 
 import json
 import math
