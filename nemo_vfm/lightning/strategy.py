@@ -27,6 +27,19 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from nemo_vfm.parallel.dims import ParallelDims
 
 
+def family_plan(model_or_config):
+    """The ``parallelize`` module of a model family (``nemo_vfm.models.<family>.parallelize``): it exports
+    ``parallelize``, ``check_layout``, ``TP_PARTIAL`` and ``PP_DUPLICATED``."""
+    import importlib
+
+    package = type(model_or_config).__module__.rsplit(".", 1)[0]
+    try:
+        return importlib.import_module(package + ".parallelize")
+    except ModuleNotFoundError as e:
+        raise NotImplementedError(f"{type(model_or_config).__name__} has no parallel plan ({package}.parallelize); "
+                                  "train it without VFMParallelStrategy") from e
+
+
 class VFMParallelStrategy(ModelParallelStrategy):
     """4D-parallel strategy. Knob names follow NeMo/Megatron; see the module docstring."""
 
@@ -37,6 +50,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         sequence_parallel: bool = False,
         context_parallel_size: int = 1,
         context_parallel_kind: str = "ring",
+        factorized_context_parallel: str = "hybrid",
         pipeline_model_parallel_size: int = 1,
         pipeline_schedule: str = "1f1b",
         microbatches: int | None = None,
@@ -74,6 +88,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self.parallelize_kwargs = dict(
             activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
             compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype, attention_backend=attention_backend,
+            factorized_cp=factorized_context_parallel,  # ST-DiT: "hybrid" (all-to-all + ring) or "ring"
         )
         self.dims: ParallelDims | None = None
         self.parallel_mesh = None
@@ -108,43 +123,48 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self.dims = ParallelDims(world_size=world, **self._dims_kwargs(world))
         cfg = getattr(self.lightning_module, "model_config", None)
         if cfg is not None and hasattr(cfg, "num_heads"):
-            from nemo_vfm.models.dit.parallelize import check_layout
-
+            check_layout = family_plan(cfg).check_layout
             latent = None
             try:
                 latent = tuple(self.lightning_module.trainer.datamodule.latent_shape)[-3:]
             except (AttributeError, RuntimeError, TypeError):
                 pass
-            check_layout(cfg, self.dims, latent)  # before configure_model builds anything
+            check_layout(cfg, self.dims, latent, **self._family_kwargs(check_layout))  # before the model is built
         self._setup_distributed()
         self.parallel_mesh = build_mesh(self.dims, self.root_device.type)
         self._device_mesh = self.parallel_mesh.world
         self.lightning_module._device_mesh = self._device_mesh
 
     # -- model --------------------------------------------------------------------------------------
-    def setup(self, trainer) -> None:
-        from nemo_vfm.models.dit.parallelize import parallelize_dit
+    def _family_kwargs(self, fn) -> dict:
+        """The strategy's family-specific knobs that ``fn`` accepts (e.g. ``factorized_cp`` for ST-DiT)."""
+        import inspect
 
+        params = inspect.signature(fn).parameters
+        return {k: v for k, v in self.parallelize_kwargs.items() if k in params}
+
+    def setup(self, trainer) -> None:
         module = self.lightning_module
         net = getattr(module, "model", None)
         if net is None:
             raise TypeError("VFMParallelStrategy needs a LightningModule whose configure_model() sets `.model`.")
+        self.plan = family_plan(net)
         if not getattr(net, "_vfm_parallelized", False):
-            self._parallelize(net, parallelize_dit)
+            self._parallelize(net)
             ema = getattr(module, "ema", None)
             if ema is not None:  # same layout, so that the EMA update is element-wise on local shards
-                self._parallelize(ema, parallelize_dit)
+                self._parallelize(ema)
         super().setup(trainer)
         self._install_clipping()
 
-    def _parallelize(self, net, parallelize_dit) -> None:
+    def _parallelize(self, net) -> None:
         device = self.root_device
         if any(p.is_meta for p in net.parameters()):
             net.to_empty(device=device)
             net.init_weights()
         net.to(device)
         self._broadcast_weights(net)
-        parallelize_dit(net, self.parallel_mesh, **self.parallelize_kwargs)
+        self.plan.parallelize(net, self.parallel_mesh, **self._family_kwargs(self.plan.parallelize))
         net._vfm_parallelized = True
 
     @torch.no_grad()
@@ -156,23 +176,21 @@ class VFMParallelStrategy(ModelParallelStrategy):
             torch.distributed.broadcast(t.data, src=0)
 
     def _install_clipping(self) -> None:
-        from nemo_vfm.models.dit.parallelize import PP_DUPLICATED
         from nemo_vfm.parallel.grads import clip_grad_norm_
 
-        strategy = self
+        strategy, duplicated = self, self.plan.PP_DUPLICATED
 
         def clip_grad_by_norm(optimizer, clip_val):
             clip_grad_norm_(strategy.lightning_module.model, float(clip_val), strategy.parallel_mesh,
-                            pp_duplicated=PP_DUPLICATED)
+                            pp_duplicated=duplicated)
 
         self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         out = super().backward(closure_loss, optimizer, *args, **kwargs)
-        from nemo_vfm.models.dit.parallelize import TP_PARTIAL
         from nemo_vfm.parallel.grads import sync_grads
 
-        sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=TP_PARTIAL)
+        sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.plan.TP_PARTIAL)
         return out
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None):

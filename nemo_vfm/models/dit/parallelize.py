@@ -181,6 +181,9 @@ def parallelize_dit(
 
 
 # -- pipeline stages ---------------------------------------------------------------------------------
+parallelize = parallelize_dit  # the family-generic name VFMParallelStrategy looks up
+
+
 def stage_layers(num_layers: int, num_stages: int) -> list[list[int]]:
     """Contiguous, equal split of block indices over stages."""
     per = num_layers // num_stages
