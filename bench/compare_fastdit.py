@@ -106,7 +106,7 @@ def fastdit_case(models, create_diffusion, batch: int, ckpt: bool, steps: int, w
     except Exception as e:  # noqa: BLE001  e.g. out of memory at a batch: record it, go on
         res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
-        del model, ema, opt
+        model = ema = opt = None  # noqa: F841  free the GPU before the next case
         torch.cuda.empty_cache()
     return res
 
