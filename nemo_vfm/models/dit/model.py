@@ -26,6 +26,7 @@ from nemo_vfm.models.common.embeddings import (
     unpatchify,
 )
 from nemo_vfm.models.common.mlp import build_mlp
+from nemo_vfm.models.common.packed import segment_gather
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "sincos2d", "none")
 
@@ -109,7 +110,7 @@ class DiTBlock(nn.Module):
                 shared_adaln=None, attn_mask=None, seg_ids=None) -> torch.Tensor:
         mods = self.adaln(c, shared_adaln)
         if seg_ids is not None:  # packed: c is per segment (G, D); gather each token's modulation
-            mods = [m[:, 0][seg_ids][None] for m in mods]
+            mods = [segment_gather(m[:, 0], seg_ids)[None] for m in mods]
         shift, scale, gate = mods[0:3]
         x_BSD = x_BSD + gate * self.attn(modulate(self.norm1(x_BSD), shift, scale), rope, attn_mask)
         if self.has_cross:
@@ -211,7 +212,12 @@ class DiT(nn.Module):
         timesteps/fps/labels per segment ``(G,)`` (or per token ``(N,)``, constant within a segment), text
         ``(M, D_text)``; ``packed`` is a ``PackedBatch`` or ``PackedSeqs``. Returns ``(N, pt*ph*pw*C_out)``
         (with ``learned_sigma``: the mean's ``pt*ph*pw*C`` features first, then the variance's)."""
-        from nemo_vfm.models.common.packed import PackedSeqs, packed_seqs, rope_from_positions, sincos_from_positions
+        from nemo_vfm.models.common.packed import (
+            PackedSeqs,
+            packed_seqs,
+            rope_from_positions,
+            sincos_from_positions,
+        )
 
         ps = packed if isinstance(packed, PackedSeqs) else packed_seqs(packed)
         n = tokens.shape[0]
@@ -235,7 +241,7 @@ class DiT(nn.Module):
         ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, c, rope, ctx, ps.cross_attn, shared, ps.self_attn, seg_ids=ps.seg_ids)
-        out = self.final_layer(x, c[ps.seg_ids][None])[0]  # (N, pt*ph*pw*C_out)
+        out = self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0]  # (N, pt*ph*pw*C_out)
         if self.cfg.learned_sigma:  # (p q r (k c)) -> (k p q r c): mean features first
             out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
         return out

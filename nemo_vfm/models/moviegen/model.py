@@ -28,6 +28,7 @@ from nemo_vfm.models.common.adaln import modulate
 from nemo_vfm.models.common.attention import CrossAttention, SDPACore
 from nemo_vfm.models.common.embeddings import LabelEmbedder, PatchEmbed3D, TimestepEmbedder, unpatchify
 from nemo_vfm.models.common.mlp import SwiGLU
+from nemo_vfm.models.common.packed import segment_gather
 
 
 @dataclass(kw_only=True)
@@ -143,7 +144,7 @@ class MovieGenBlock(nn.Module):
         """``c (B, 6D)``: the shared timestep modulation (per segment ``(G, 6D)`` when packed, with
         ``seg_ids (N,)`` mapping tokens to segments); ``attn_mask``: packed self-attention."""
         mod = self.scale_shift_table[None] + c.unflatten(-1, (6, -1))  # (B, 6, D)
-        mods = mod[seg_ids][None].unbind(2) if seg_ids is not None else mod[:, :, None].unbind(1)
+        mods = segment_gather(mod, seg_ids)[None].unbind(2) if seg_ids is not None else mod[:, :, None].unbind(1)
         shift1, scale1, gate1, shift2, scale2, gate2 = mods  # (B, 1, D) or (1, N, D)
         x_BSD = x_BSD + gate1 * self.attn(modulate(self.norm1(x_BSD), shift1, scale1), attn_mask)
         if self.has_cross:
@@ -263,7 +264,7 @@ class MovieGen(nn.Module):
         ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, mod, ctx, ps.cross_attn, ps.self_attn, seg_ids=ps.seg_ids)
-        out = self.final_layer(x, c[ps.seg_ids][None])[0]
+        out = self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0]
         if self.cfg.learned_sigma:
             out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
         return out

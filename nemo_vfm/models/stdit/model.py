@@ -36,6 +36,7 @@ from nemo_vfm.models.common.embeddings import (
     unpatchify,
 )
 from nemo_vfm.models.common.mlp import build_mlp
+from nemo_vfm.models.common.packed import segment_gather
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "none")
 AXES = ("spatial", "temporal")
@@ -196,7 +197,7 @@ class STDiTBlock(nn.Module):
         ``seg_ids (N,)``: packed segment of each token (``c`` is then per segment, ``(G, D)``)."""
         mods = self.adaln(c, shared_adaln)
         if seg_ids is not None:
-            mods = [m[:, 0][seg_ids][None] for m in mods]
+            mods = [segment_gather(m[:, 0], seg_ids)[None] for m in mods]
         masks = attn_mask or {}
         i = 0
 
@@ -324,7 +325,7 @@ class STDiT(nn.Module):
         ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, c, 1, rope, ctx, ps.cross_attn, shared, masks, seg_ids=ps.seg_ids)
-        out = self.final_layer(x, c[ps.seg_ids][None])[0]
+        out = self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0]
         if self.cfg.learned_sigma:  # (p q r (k c)) -> (k p q r c): mean features first
             out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
         return out
