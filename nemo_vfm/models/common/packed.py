@@ -146,3 +146,36 @@ def segment_gather(values: torch.Tensor, seg_ids: torch.Tensor) -> torch.Tensor:
     """Per-segment values ``(G, ...)`` -> per-token ``(N, ...)``. An embedding lookup: its backward is a
     sorted segment reduction, far faster on GPU than the atomic scatter of plain indexing (``values[seg_ids]``)."""
     return torch.nn.functional.embedding(seg_ids, values.flatten(1)).unflatten(1, values.shape[1:])
+
+
+def packed_front(model, tokens: torch.Tensor, timesteps, class_labels, fps, context, packed):
+    """The shared front of every family's ``forward_packed``: checks the inputs and returns
+    ``(ps, x (1, N, D), rope or None, timesteps, class_labels, fps)`` with conditioning inputs per segment
+    ``(G,)`` (given per segment or per token) and positions applied (RoPE tables or added sin-cos)."""
+    ps = packed if isinstance(packed, PackedSeqs) else packed_seqs(packed)
+    n, width = tokens.shape[0], model.patch_embed.proj.in_features
+    if tokens.dim() != 2 or tokens.shape[1] != width:
+        raise ValueError(f"packed tokens must be (N, {width}) = (N, pt*ph*pw*C), got {tuple(tokens.shape)}")
+    if model.cfg.context_dim is not None and context is None:
+        raise ValueError(f"this {type(model).__name__} has cross-attention (context_dim set): pass context "
+                         "(M, context_dim)")
+
+    def per_segment(v):
+        return v[ps.first_token] if v is not None and v.shape[0] == n else v
+
+    timesteps, class_labels, fps = per_segment(timesteps), per_segment(class_labels), per_segment(fps)
+    x = model.patch_embed.proj(tokens)[None]  # (1, N, D)
+    rope, kind = None, getattr(model.cfg, "pos_embed", "none")
+    if kind == "rope3d":
+        rope = rope_from_positions(model.rope, ps.pos_ids, None if fps is None else fps[ps.seg_ids])
+    elif kind in ("sincos3d", "sincos2d"):
+        x = x + sincos_from_positions(kind, model.cfg.hidden_size, ps.pos_ids)[None].to(x.dtype)
+    return ps, x, rope, timesteps, class_labels, fps
+
+
+def packed_output(out: torch.Tensor, cfg) -> torch.Tensor:
+    """Final-layer output ``(N, pt*ph*pw*C_out)``; with learned sigma, reorder ``(p q r (k c)) -> (k p q r c)``
+    so that the mean's features come first."""
+    if getattr(cfg, "learned_sigma", False):
+        out = out.unflatten(1, (-1, 2, cfg.in_channels)).transpose(1, 2).flatten(1)
+    return out

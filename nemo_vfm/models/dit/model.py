@@ -26,7 +26,7 @@ from nemo_vfm.models.common.embeddings import (
     unpatchify,
 )
 from nemo_vfm.models.common.mlp import build_mlp
-from nemo_vfm.models.common.packed import segment_gather
+from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "sincos2d", "none")
 
@@ -212,39 +212,13 @@ class DiT(nn.Module):
         timesteps/fps/labels per segment ``(G,)`` (or per token ``(N,)``, constant within a segment), text
         ``(M, D_text)``; ``packed`` is a ``PackedBatch`` or ``PackedSeqs``. Returns ``(N, pt*ph*pw*C_out)``
         (with ``learned_sigma``: the mean's ``pt*ph*pw*C`` features first, then the variance's)."""
-        from nemo_vfm.models.common.packed import (
-            PackedSeqs,
-            packed_seqs,
-            rope_from_positions,
-            sincos_from_positions,
-        )
-
-        ps = packed if isinstance(packed, PackedSeqs) else packed_seqs(packed)
-        n = tokens.shape[0]
-        if tokens.dim() != 2 or tokens.shape[1] != self.patch_embed.proj.in_features:
-            raise ValueError(f"packed tokens must be (N, {self.patch_embed.proj.in_features}) = (N, pt*ph*pw*C), "
-                             f"got {tuple(tokens.shape)}")
-        if self.cfg.context_dim is not None and context is None:
-            raise ValueError("this DiT has cross-attention (context_dim set): pass context (M, context_dim)")
-
-        def per_segment(v):
-            return v[ps.first_token] if v is not None and v.shape[0] == n else v
-
-        timesteps, fps, class_labels = per_segment(timesteps), per_segment(fps), per_segment(class_labels)
-        x = self.patch_embed.proj(tokens)[None]  # (1, N, D)
-        rope = None
-        if self.cfg.pos_embed == "rope3d":
-            rope = rope_from_positions(self.rope, ps.pos_ids, None if fps is None else fps[ps.seg_ids])
-        elif self.cfg.pos_embed != "none":
-            x = x + sincos_from_positions(self.cfg.pos_embed, self.cfg.hidden_size, ps.pos_ids)[None].to(x.dtype)
+        ps, x, rope, timesteps, class_labels, fps = packed_front(self, tokens, timesteps, class_labels, fps, context,
+                                                                 packed)
         c, shared = self.condition(timesteps, class_labels, fps)  # (G, D)
         ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, c, rope, ctx, ps.cross_attn, shared, ps.self_attn, seg_ids=ps.seg_ids)
-        out = self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0]  # (N, pt*ph*pw*C_out)
-        if self.cfg.learned_sigma:  # (p q r (k c)) -> (k p q r c): mean features first
-            out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
-        return out
+        return packed_output(self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0], self.cfg)
 
     @torch.no_grad()
     def init_weights(self):

@@ -28,7 +28,7 @@ from nemo_vfm.models.common.adaln import modulate
 from nemo_vfm.models.common.attention import CrossAttention, SDPACore
 from nemo_vfm.models.common.embeddings import LabelEmbedder, PatchEmbed3D, TimestepEmbedder, unpatchify
 from nemo_vfm.models.common.mlp import SwiGLU
-from nemo_vfm.models.common.packed import segment_gather
+from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
 
 
 @dataclass(kw_only=True)
@@ -244,30 +244,14 @@ class MovieGen(nn.Module):
                        class_labels: torch.Tensor | None, fps: torch.Tensor | None, packed) -> torch.Tensor:
         """Packed THD input: patch tokens ``(N, pt*ph*pw*C)`` of G segments, timesteps/fps/labels ``(G,)``
         or ``(N,)``, text ``(M, D_text)``; ``packed`` a ``PackedBatch``/``PackedSeqs`` -> ``(N, pt*ph*pw*C_out)``."""
-        from nemo_vfm.models.common.packed import PackedSeqs, packed_seqs
-
-        ps = packed if isinstance(packed, PackedSeqs) else packed_seqs(packed)
-        n = tokens.shape[0]
-        if tokens.dim() != 2 or tokens.shape[1] != self.patch_embed.proj.in_features:
-            raise ValueError(f"packed tokens must be (N, {self.patch_embed.proj.in_features}) = (N, pt*ph*pw*C), "
-                             f"got {tuple(tokens.shape)}")
-        if self.cfg.context_dim is not None and context is None:
-            raise ValueError("this MovieGen has cross-attention (context_dim set): pass context (M, context_dim)")
-
-        def per_segment(v):
-            return v[ps.first_token] if v is not None and v.shape[0] == n else v
-
-        timesteps, fps, class_labels = per_segment(timesteps), per_segment(fps), per_segment(class_labels)
-        x = self.patch_embed.proj(tokens) + self.positions(ps.pos_ids.long()).to(tokens.dtype)
-        x = x[None]  # (1, N, D)
+        ps, x, _, timesteps, class_labels, fps = packed_front(self, tokens, timesteps, class_labels, fps, context,
+                                                              packed)
+        x = x + self.positions(ps.pos_ids.long())[None].to(x.dtype)  # learnable factorized 3D positions
         c, mod = self.condition(timesteps, class_labels, fps)  # (G, D), (G, 6D)
         ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, mod, ctx, ps.cross_attn, ps.self_attn, seg_ids=ps.seg_ids)
-        out = self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0]
-        if self.cfg.learned_sigma:
-            out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
-        return out
+        return packed_output(self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0], self.cfg)
 
     @torch.no_grad()
     def init_weights(self):

@@ -36,7 +36,7 @@ from nemo_vfm.models.common.embeddings import (
     unpatchify,
 )
 from nemo_vfm.models.common.mlp import build_mlp
-from nemo_vfm.models.common.packed import segment_gather
+from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "none")
 AXES = ("spatial", "temporal")
@@ -299,36 +299,16 @@ class STDiT(nn.Module):
                        class_labels: torch.Tensor | None, fps: torch.Tensor | None, packed) -> torch.Tensor:
         """Packed THD input, as :meth:`DiT.forward_packed`: patch tokens ``(N, pt*ph*pw*C)`` of G segments,
         timesteps/fps/labels ``(G,)`` or ``(N,)``, text ``(M, D_text)`` -> ``(N, pt*ph*pw*C_out)``."""
-        from nemo_vfm.models.common.packed import packed_seqs, rope_from_positions, sincos_from_positions
         from nemo_vfm.models.stdit.packed import factorized_masks
 
-        ps = packed_seqs(packed)
-        n = tokens.shape[0]
-        if tokens.dim() != 2 or tokens.shape[1] != self.patch_embed.proj.in_features:
-            raise ValueError(f"packed tokens must be (N, {self.patch_embed.proj.in_features}) = (N, pt*ph*pw*C), "
-                             f"got {tuple(tokens.shape)}")
-        if self.cfg.context_dim is not None and context is None:
-            raise ValueError("this ST-DiT has cross-attention (context_dim set): pass context (M, context_dim)")
-
-        def per_segment(v):
-            return v[ps.first_token] if v is not None and v.shape[0] == n else v
-
-        timesteps, fps, class_labels = per_segment(timesteps), per_segment(fps), per_segment(class_labels)
-        x = self.patch_embed.proj(tokens)[None]  # (1, N, D)
-        rope = None
-        if self.cfg.pos_embed == "rope3d":
-            rope = rope_from_positions(self.rope, ps.pos_ids, None if fps is None else fps[ps.seg_ids])
-        elif self.cfg.pos_embed == "sincos3d":
-            x = x + sincos_from_positions("sincos3d", self.cfg.hidden_size, ps.pos_ids)[None].to(x.dtype)
+        ps, x, rope, timesteps, class_labels, fps = packed_front(self, tokens, timesteps, class_labels, fps, context,
+                                                                 packed)
         masks = {**factorized_masks(ps, packed), "full": ps.self_attn}
         c, shared = self.condition(timesteps, class_labels, fps)  # (G, D)
         ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, c, 1, rope, ctx, ps.cross_attn, shared, masks, seg_ids=ps.seg_ids)
-        out = self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0]
-        if self.cfg.learned_sigma:  # (p q r (k c)) -> (k p q r c): mean features first
-            out = out.unflatten(1, (-1, 2, self.cfg.in_channels)).transpose(1, 2).flatten(1)
-        return out
+        return packed_output(self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0], self.cfg)
 
     @torch.no_grad()
     def init_weights(self):
