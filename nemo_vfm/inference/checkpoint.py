@@ -1,9 +1,29 @@
-"""Load a trained network (and what is needed to sample from it) from a training checkpoint."""
+"""Load a trained network (and what is needed to sample from it) from a training checkpoint.
 
-from dataclasses import dataclass
+Three kinds of checkpoint, all usable under any generation layout (one GPU, CP, TP):
+
+| kind | what | written by |
+|---|---|---|
+| ``file`` | one ``step=N.ckpt`` file (Lightning) | single-device training |
+| ``dcp`` | a sharded ``step=N.ckpt/`` folder (DCP, ``.metadata`` + ``meta.pt``) | ``VFMParallelStrategy`` |
+| ``safetensors`` | one consolidated ``.safetensors`` file with the config in its header | :func:`export_safetensors` |
+
+:func:`read_checkpoint_info` reads the model config, objective and generation settings (cheap for
+``dcp`` and ``safetensors``); :func:`load_weights` fills a network that may already be parallelised
+(DTensor parameters get only their local piece; DCP reads only the pieces each rank needs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+META_KEY = "nemo_vfm"  # safetensors header entry holding the JSON config
 
 
 @dataclass
@@ -15,25 +35,212 @@ class LoadedModel:
     step: int
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True) -> LoadedModel:
-    """Rebuild the network from a Lightning checkpoint written by :func:`nemo_vfm.train.train`."""
+@dataclass
+class CheckpointInfo:
+    path: Path
+    kind: str  # file | dcp | safetensors
+    model_config: object
+    objective: object
+    generation: dict
+    step: int
+    _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file or folder, or the newest ``step=N.ckpt`` in an experiment (or ``checkpoints/``) folder."""
     path = Path(path)
-    if path.is_dir():  # an experiment folder or its checkpoints/ folder: take the newest checkpoint
+    if path.is_dir() and not (path / ".metadata").exists():
         from nemo_vfm.lightning.checkpointing import latest_checkpoint
 
         found = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
         if found is None:
             raise FileNotFoundError(f"no step=N.ckpt checkpoint under {path}")
         path = found
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    hp = ckpt.get("hyper_parameters", {})
+    return path
+
+
+# -- configs as JSON (safetensors header) ---------------------------------------------------------------
+def _to_json(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {"__class__": f"{type(obj).__module__}:{type(obj).__qualname__}"}
+        out.update({f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init})
+        return out
+    if isinstance(obj, dict):
+        return {str(k): _to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_json(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a safetensors header; keep configs to dataclasses of "
+                    "plain values")
+
+
+def _from_json(obj):
+    if isinstance(obj, dict):
+        obj = {k: _from_json(v) for k, v in obj.items()}
+        if "__class__" in obj:
+            module, _, name = obj.pop("__class__").partition(":")
+            cls = importlib.import_module(module)
+            for part in name.split("."):
+                cls = getattr(cls, part)
+            return cls(**obj)
+        return obj
+    if isinstance(obj, list):
+        return [_from_json(v) for v in obj]
+    return obj
+
+
+# -- reading ------------------------------------------------------------------------------------------
+def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> CheckpointInfo:
     if "model_config" not in hp:
         raise ValueError(f"{path} was not written by nemo_vfm.train (no model_config in its hyper-parameters)")
-    net = hp["model_config"].build()
-    prefix = "ema." if use_ema and any(k.startswith("ema.") for k in ckpt["state_dict"]) else "model."
-    state = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
-    net.load_state_dict(state)
-    return LoadedModel(net.to(device).eval(), hp["objective"], hp["model_config"], dict(hp.get("generation", {})),
-                       int(ckpt.get("global_step", 0)))
+    return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], dict(hp.get("generation") or {}), step,
+                          state)
+
+
+def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
+    """Model config, objective, generation settings and step of a checkpoint (see the module docstring)."""
+    path = resolve_checkpoint(path)
+    if path.is_dir():
+        meta = path / "meta.pt"
+        if not meta.exists():
+            raise ValueError(f"{path} is a distributed checkpoint without Lightning's meta.pt (no model config); "
+                             "generate from a checkpoint written by nemo_vfm.train")
+        ckpt = torch.load(meta, map_location="cpu", weights_only=False)
+        return _from_hparams(path, "dcp", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)))
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            header = (f.metadata() or {}).get(META_KEY)
+        if header is None:
+            raise ValueError(f"{path} has no nemo_vfm config in its header (plain weights); write it with "
+                             "nemo_vfm.inference.checkpoint.export_safetensors or `vfm generate --export-safetensors`")
+        meta = _from_json(json.loads(header))
+        return CheckpointInfo(path, "safetensors", meta["model_config"], meta["objective"],
+                              dict(meta.get("generation") or {}), int(meta.get("step", 0)))
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return _from_hparams(path, "file", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)),
+                         ckpt["state_dict"])
+
+
+def _dcp_keys(path: Path) -> set[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+
+
+def _prefix(keys, use_ema: bool, root: str = "") -> str:
+    ema = any(k.startswith(root + "ema.") for k in keys)
+    return root + ("ema." if use_ema and ema else "model.")
+
+
+def full_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
+    """All weights as full tensors in this process (for export and for small models)."""
+    if info.kind == "file":
+        p = _prefix(info._state, use_ema)
+        return {k[len(p):]: v for k, v in info._state.items() if k.startswith(p)}
+    if info.kind == "safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(info.path))
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    md = FileSystemReader(str(info.path)).read_metadata().state_dict_metadata
+    p = _prefix(md, use_ema, "state_dict.")
+    state = {k[len(p):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
+             if k.startswith(p) and hasattr(m, "size")}
+    dcp.load({"state_dict": {p[len("state_dict."):] + k: v for k, v in state.items()}},
+             checkpoint_id=str(info.path), no_dist=True)
+    return state
+
+
+# -- loading into a (possibly parallelised) network -----------------------------------------------------
+def _local_piece(full: torch.Tensor, like) -> torch.Tensor:
+    """The part of ``full`` that the DTensor ``like`` holds on this rank (torch.chunk semantics)."""
+    from torch.distributed.tensor import Shard
+
+    mesh, coord = like.device_mesh, like.device_mesh.get_coordinate()
+    for i, placement in enumerate(like.placements):
+        if isinstance(placement, Shard):
+            full = full.chunk(mesh.size(i), dim=placement.dim)[coord[i]]
+    return full
+
+
+@torch.no_grad()
+def _copy_full(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    if tuple(dst.shape) != tuple(full.shape):
+        raise ValueError(f"checkpoint weight {name} has shape {tuple(full.shape)} but the model expects "
+                         f"{tuple(dst.shape)}; is it the same model config?")
+    if isinstance(dst, DTensor):
+        dst.to_local().copy_(_local_piece(full, dst))
+    else:
+        dst.copy_(full)
+
+
+def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
+    """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict)."""
+    own = net.state_dict()
+    if info.kind == "dcp":
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        keys = _dcp_keys(info.path)
+        p = _prefix(keys, use_ema, "state_dict.")
+        missing = sorted(k for k in own if p + k not in keys)
+        if missing:
+            raise ValueError(f"{info.path} lacks {len(missing)} weight(s) of this model, e.g. {missing[:3]}")
+        dcp.load({"state_dict": {p[len("state_dict."):] + k: v for k, v in own.items()}},
+                 checkpoint_id=str(info.path), no_dist=not dist.is_initialized())
+        return
+    if info.kind == "safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(info.path), "pt") as f:
+            missing = sorted(set(own) - set(f.keys()))
+            if missing:
+                raise ValueError(f"{info.path} lacks {len(missing)} weight(s) of this model, e.g. {missing[:3]}")
+            for k, v in own.items():
+                _copy_full(v, f.get_tensor(k), k)
+        return
+    state = full_state_dict(info, use_ema)
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{info.path} does not match this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for k, v in own.items():
+        _copy_full(v, state[k], k)
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True) -> LoadedModel:
+    """Rebuild the network in this process from any checkpoint kind (a ``.ckpt`` file, a DCP folder, a
+    safetensors export, or an experiment folder: its newest checkpoint)."""
+    info = read_checkpoint_info(path)
+    net = info.model_config.build()
+    load_weights(net, info, use_ema)
+    return LoadedModel(net.to(device).eval(), info.objective, info.model_config, info.generation, info.step)
+
+
+def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = True,
+                       dtype: torch.dtype | None = None) -> Path:
+    """Write a checkpoint's weights (EMA by default) and its config as one ``.safetensors`` file for inference."""
+    import os
+
+    from safetensors.torch import save_file
+
+    info = read_checkpoint_info(path)
+    state = full_state_dict(info, use_ema)
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    header = json.dumps(_to_json({"model_config": info.model_config, "objective": info.objective,
+                                  "generation": info.generation, "step": info.step}))
+    out_file = Path(out_file)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_file.with_name(f".{out_file.name}.tmp{os.getpid()}")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={META_KEY: header})
+    os.replace(tmp, out_file)
+    return out_file

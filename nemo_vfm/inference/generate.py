@@ -16,7 +16,7 @@ class SamplingConfig:
 
     num_steps: int = 35
     guidance: float = 5.0
-    sampler: str = "heun"  # EDM: heun | euler; flow matching: euler
+    sampler: str = "heun"  # EDM: heun | euler | res; flow matching: euler (= flow-euler)
     seed: int = 0
     num_samples: int = 4  # previews during training: the first N captions of the dataset
     every_n_steps: int = 0  # previews during training (0 = only at the end)
@@ -25,22 +25,28 @@ class SamplingConfig:
     def __post_init__(self):
         if self.num_steps < 1:
             raise ValueError(f"SamplingConfig.num_steps must be >= 1, got {self.num_steps}")
-        if self.sampler not in ("heun", "euler"):
-            raise ValueError(f"SamplingConfig.sampler must be 'heun' or 'euler', got {self.sampler!r}")
+        from nemo_vfm.inference.sampling import SAMPLERS
+
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"SamplingConfig.sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
 
 
 @torch.no_grad()
 def generate_latents(net, objective, latent_shape, cond: dict, uncond: dict | None, cfg: SamplingConfig,
                      device=None, progress: bool = False) -> torch.Tensor:
-    """``(N, C, t, h, w)`` latents for the N conditions in ``cond``; the noise comes from ``cfg.seed``."""
+    """``(N, C, t, h, w)`` latents for the N conditions in ``cond``; the noise comes from ``cfg.seed``.
+
+    Single process; :class:`nemo_vfm.inference.cp_engine.InferenceEngine` runs the same loop on many GPUs.
+    """
+    from nemo_vfm.inference.sampling import sample_latents
+
     n = next(v for v in cond.values() if isinstance(v, torch.Tensor)).shape[0]
-    g = torch.Generator(device=device or "cpu").manual_seed(cfg.seed)
     was_training = net.training
     net.eval()
     try:
-        return objective.sample(net, (n, *latent_shape), cond, uncond, guidance=cfg.guidance,
-                                num_steps=cfg.num_steps, sampler=cfg.sampler, generator=g, device=device,
-                                progress=progress)
+        return sample_latents(net, objective, (n, *latent_shape), cond, uncond, guidance=cfg.guidance,
+                              num_steps=cfg.num_steps, sampler=cfg.sampler, seed=cfg.seed, device=device,
+                              progress=progress)
     finally:
         net.train(was_training)
 

@@ -1,0 +1,129 @@
+"""Solve the sampling ODE for any objective, with classifier-free guidance batched or split over ranks.
+
+Legend: N samples, C latent channels, (t, h, w) latent size.
+
+- :func:`predictor`: ``pred(x, t (N,), cond) -> (N, C, t, h, w)``, the objective's own prediction
+  (EDM: the denoised latents; flow matching: the velocity), optionally running the network in a
+  lower precision (bf16 weights) while the sampler state stays float32.
+- :func:`guided_predictor`: classifier-free guidance, either *batched* (conditional and unconditional
+  halves in one network call) or *CFG-parallel* (each half on its own rank group, results exchanged
+  with one all-gather per network call).
+- :func:`sample_latents`: the noise from the seed, the schedule and the sampler loop.
+
+The initial noise is always drawn for the full latent from one seed (never per rank), so every
+layout starts from the same numbers and produces the same video.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_vfm.diffusion import samplers
+
+SAMPLERS = ("heun", "euler", "res", "flow-euler")
+EDM_SAMPLERS = ("heun", "euler", "res")
+FLOW_SAMPLERS = ("euler", "flow-euler")  # the same Euler integrator of the velocity ODE
+
+
+def is_flow(objective) -> bool:
+    """True for velocity-prediction objectives (flow matching), False for EDM-style denoisers."""
+    from nemo_vfm.diffusion.flow_matching import FlowMatching
+
+    return isinstance(objective, FlowMatching)
+
+
+def default_sampler(objective) -> str:
+    return "flow-euler" if is_flow(objective) else "heun"
+
+
+def check_sampler(objective, sampler: str) -> None:
+    """Raise ``ValueError`` when ``sampler`` cannot sample ``objective`` (naming the ones that can)."""
+    allowed = FLOW_SAMPLERS if is_flow(objective) else EDM_SAMPLERS
+    if sampler not in allowed:
+        raise ValueError(f"sampler {sampler!r} does not fit a {type(objective).__name__} model; "
+                         f"choose one of {', '.join(allowed)}")
+
+
+class _CastNet:
+    """Calls ``net`` with latents and text in ``dtype`` (the weights' precision); the output is cast back
+    by the objective (``out.to(x.dtype)``), so the sampler keeps float32 state."""
+
+    def __init__(self, net, dtype: torch.dtype):
+        self.net, self.dtype = net, dtype
+
+    def __call__(self, x, t, **cond):
+        cond = {k: (v.to(self.dtype) if k == "context" and torch.is_tensor(v) else v) for k, v in cond.items()}
+        return self.net(x.to(self.dtype), t, **cond)
+
+
+def predictor(objective, net, dtype: torch.dtype | None = None):
+    """``pred(x, t, cond)``: EDM's ``D(x; sigma)`` or flow matching's velocity; ``dtype`` runs the network
+    in that precision (``None``: the input's)."""
+    fn = net if dtype is None else _CastNet(net, dtype)
+    if is_flow(objective):
+        return lambda x, t, cond: objective.velocity(fn, x, t, cond)
+    return lambda x, t, cond: objective.denoise(fn, x, t, cond)
+
+
+def guided_predictor(pred, cond: dict, uncond: dict | None, guidance: float, cfg_group=None):
+    """``g(x, t) = pu + guidance * (pc - pu)``.
+
+    ``cfg_group``: a process group of 2 ranks (rank 0 of it runs the conditional pass, rank 1 the
+    unconditional one; both end with the same guided result). ``None``: both passes in one batch.
+    """
+    from nemo_vfm.diffusion.conditioning import guided
+
+    if uncond is None or guidance == 1.0:
+        return lambda x, t: pred(x, t, cond)
+    if cfg_group is None:
+        return guided(pred, cond, uncond, guidance)
+
+    import torch.distributed as dist
+
+    if dist.get_world_size(cfg_group) != 2:
+        raise ValueError(f"the CFG-parallel group must have 2 ranks, got {dist.get_world_size(cfg_group)}")
+    mine = cond if dist.get_rank(cfg_group) == 0 else uncond
+
+    def g(x, t):
+        p = pred(x, t, mine).contiguous()
+        parts = [torch.empty_like(p), torch.empty_like(p)]
+        dist.all_gather(parts, p, group=cfg_group)
+        pc, pu = parts
+        return pu + guidance * (pc - pu)
+
+    return g
+
+
+def initial_noise(shape, seed: int, device=None) -> torch.Tensor:
+    """Unit Gaussian noise for the *full* latent ``shape`` from ``seed`` (identical on every rank)."""
+    g = torch.Generator(device=device or "cpu").manual_seed(seed)
+    return torch.randn(shape, generator=g, device=device)
+
+
+@torch.no_grad()
+def solve(objective, fn, noise: torch.Tensor, sampler: str, num_steps: int, progress: bool = False,
+          rho: float = 7.0) -> torch.Tensor:
+    """Integrate ``fn(x, t) -> prediction`` from ``noise`` (unit Gaussian) to clean latents."""
+    check_sampler(objective, sampler)
+    device = noise.device
+    if is_flow(objective):
+        times = objective.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))
+        return samplers.flow_euler(fn, noise, times, progress=progress)
+    lo, hi = objective.sampling_range()
+    sigmas = samplers.karras_sigmas(num_steps, lo, hi, rho, device=device)
+    step = {"heun": samplers.heun, "euler": samplers.euler, "res": samplers.res_multistep}[sampler]
+    return step(fn, noise * hi, sigmas, progress=progress)
+
+
+@torch.no_grad()
+def sample_latents(net, objective, shape, cond: dict, uncond: dict | None, *, guidance: float, num_steps: int,
+                   sampler: str, seed: int, device=None, dtype: torch.dtype | None = None, cfg_group=None,
+                   progress: bool = False) -> torch.Tensor:
+    """``(N, C, t, h, w)`` float32 latents for the N conditions in ``cond`` (``shape`` is the full size).
+
+    Under context/tensor parallelism ``net`` is the parallelised network: it takes and returns full
+    latents and splits the tokens itself, so every rank runs this same loop on the same numbers.
+    """
+    noise = initial_noise(tuple(shape), seed, device)
+    fn = guided_predictor(predictor(objective, net, dtype), cond, uncond, guidance, cfg_group)
+    return solve(objective, fn, noise, sampler, num_steps, progress=progress)

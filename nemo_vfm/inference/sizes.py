@@ -1,0 +1,63 @@
+"""Pixel size -> latent size for generation, with errors that name sizes that work.
+
+A requested ``frames x height x width`` must fit three things: the tokenizer's compression (e.g. 4x8x8,
+causal: ``frames = 1 + 4k``), the model's patch size (latent height/width multiples of the patch), and
+the split of the video tokens over ``cp * tp`` ranks.
+"""
+
+from __future__ import annotations
+
+
+def _tokens(thw, patch) -> int:
+    return (thw[0] // patch[0]) * (thw[1] // patch[1]) * (thw[2] // patch[2])
+
+
+def check_latent_size(latent_thw, patch_size, token_split: int = 1, tokenizer=None) -> None:
+    """Raise ``ValueError`` when latents ``(t, h, w)`` do not divide into patches or into ``token_split``
+    equal token slices; the message names nearby sizes that work (in pixels when ``tokenizer`` is given)."""
+    t, h, w = latent_thw
+    pt, ph, pw = patch_size
+
+    def px(tt, hh, ww):
+        return tokenizer.pixel_shape(tt, hh, ww) if tokenizer is not None else (tt, hh, ww)
+
+    unit = "pixels" if tokenizer is not None else "latents"
+    bad = []
+    if t % pt:
+        lo = max(pt, t // pt * pt)
+        bad.append(f"latent frames {t} must be a multiple of the patch {pt} (frames that work: "
+                   f"{px(lo, h, w)[0]} or {px(lo + pt, h, w)[0]})")
+    if h % ph or w % pw:
+        hs = sorted({max(ph, h // ph * ph), h // ph * ph + ph})
+        ws = sorted({max(pw, w // pw * pw), w // pw * pw + pw})
+        bad.append(f"latent size {h}x{w} must be a multiple of the patch {ph}x{pw} (heights that work: "
+                   f"{' or '.join(str(px(t, x, w)[1]) for x in hs)}; widths: "
+                   f"{' or '.join(str(px(t, h, x)[2]) for x in ws)} {unit})")
+    if bad:
+        raise ValueError("cannot generate this size: " + "; ".join(bad))
+    n = _tokens(latent_thw, patch_size)
+    if token_split > 1 and n % token_split:
+        frames = [tt for tt in range(max(pt, t - 8 * pt), t + 8 * pt + 1, pt)
+                  if _tokens((tt, h, w), patch_size) % token_split == 0]
+        frames = sorted(frames, key=lambda tt: abs(tt - t))[:2]
+        sides = [hh for hh in range(max(ph, h - 16 * ph), h + 16 * ph + 1, ph)
+                 if _tokens((t, hh, w), patch_size) % token_split == 0]
+        sides = sorted(sides, key=lambda hh: abs(hh - h))[:2]
+        hints = []
+        if frames:
+            hints.append("frames " + " or ".join(str(px(tt, h, w)[0]) for tt in sorted(frames)))
+        if sides:
+            hints.append("height " + " or ".join(str(px(t, hh, w)[1]) for hh in sorted(sides)))
+        T, H, W = px(t, h, w)
+        raise ValueError(f"{T}x{H}x{W} ({unit}) gives {n} video tokens, which do not split evenly over "
+                         f"cp*tp = {token_split} ranks; sizes that work: {', '.join(hints) or 'none nearby'} "
+                         f"(or change --cp/--tp)")
+
+
+def latent_size(tokenizer, frames: int, height: int, width: int, patch_size, token_split: int = 1,
+                ) -> tuple[int, int, int]:
+    """``(t, h, w)`` latents for a ``frames x height x width`` video, checked against the tokenizer's
+    compression, the patch size and ``token_split``; raises ``ValueError`` naming sizes that work."""
+    thw = tokenizer.latent_shape(frames, height, width)  # names sizes that fit the compression
+    check_latent_size(thw, patch_size, token_split, tokenizer)
+    return thw
