@@ -24,6 +24,7 @@ import time
 import torch
 
 from nemo_vfm.inference.distributed import InferenceLayout, build_inference_mesh, check_model_layout
+from nemo_vfm.inference.text_cache import cache_text_projections, clear_text_cache
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -72,8 +73,11 @@ class InferenceEngine:
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
     def from_model(cls, model, objective, layout: InferenceLayout | None = None, *, device=None, dtype=None,
-                   **kwargs) -> "InferenceEngine":
-        """Parallelise a plain network whose weights are loaded (the same on every rank) for ``layout``."""
+                   cache_text_kv: bool = True, **kwargs) -> "InferenceEngine":
+        """Parallelise a plain network whose weights are loaded (the same on every rank) for ``layout``.
+
+        ``cache_text_kv``: compute the text keys/values of cross-attention once per generation
+        (:mod:`nemo_vfm.inference.text_cache`; exact)."""
         layout = layout or InferenceLayout()
         device = torch.device(device) if device is not None else next(model.parameters()).device
         check_model_layout(model.cfg, layout)
@@ -82,12 +86,14 @@ class InferenceEngine:
         if dtype is not None:
             model = model.to(_dtype(dtype))
         parallelize_for_inference(model, layout, pmesh)
+        if cache_text_kv:
+            cache_text_projections(model)
         return cls(model, objective, layout=layout, pmesh=pmesh, device=device, dtype=dtype, **kwargs)
 
     @classmethod
     def from_checkpoint(cls, path, layout: InferenceLayout | None = None, *, device=None, dtype="bf16",
                         use_ema: bool = True, latent_thw=None, tokenizer=None, text_encoder=None,
-                        build_encoders: bool = True) -> "InferenceEngine":
+                        build_encoders: bool = True, cache_text_kv: bool = True) -> "InferenceEngine":
         """Build the network on the meta device, parallelise it, materialise it in ``dtype`` on ``device``
         and load the checkpoint's weights (each rank reads only its own pieces of a DCP checkpoint).
 
@@ -108,6 +114,8 @@ class InferenceEngine:
         parallelize_for_inference(model, layout, pmesh)
         model.to_empty(device=device)
         load_weights(model, info, use_ema)
+        if cache_text_kv:
+            cache_text_projections(model)
         rank = dist.get_rank() if dist.is_initialized() else 0
         gen = info.generation
         if build_encoders and gen:
@@ -161,10 +169,13 @@ class InferenceEngine:
         if self.layout.cfg_parallel and (uncond is None or sampling.guidance == 1.0):
             raise ValueError("CFG-parallel needs classifier-free guidance (guidance != 1); drop --cfg-parallel "
                              "or set --guidance")
-        return sample_latents(self.net, self.objective, (n, *latent_shape), cond, uncond,
-                              guidance=sampling.guidance, num_steps=sampling.num_steps, sampler=sampling.sampler,
-                              seed=sampling.seed, device=self.device, dtype=self.dtype, cfg_group=self.cfg_group,
-                              progress=progress and self.rank == 0)
+        try:
+            return sample_latents(self.net, self.objective, (n, *latent_shape), cond, uncond,
+                                  guidance=sampling.guidance, num_steps=sampling.num_steps, sampler=sampling.sampler,
+                                  seed=sampling.seed, device=self.device, dtype=self.dtype, cfg_group=self.cfg_group,
+                                  progress=progress and self.rank == 0)
+        finally:
+            clear_text_cache(self.net)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
         """``(N, 3, T, H, W)`` videos in [-1, 1] on rank 0 (CPU), ``None`` elsewhere; all ranks decode."""

@@ -125,5 +125,8 @@ def sample_latents(net, objective, shape, cond: dict, uncond: dict | None, *, gu
     latents and splits the tokens itself, so every rank runs this same loop on the same numbers.
     """
     noise = initial_noise(tuple(shape), seed, device)
+    if dtype is not None:  # cast the text once: the same tensor every step (cross-attention k/v caches key on it)
+        cond, uncond = (None if c is None else {k: (v.to(dtype) if k == "context" and torch.is_tensor(v) else v)
+                                                for k, v in c.items()} for c in (cond, uncond))
     fn = guided_predictor(predictor(objective, net, dtype), cond, uncond, guidance, cfg_group)
     return solve(objective, fn, noise, sampler, num_steps, progress=progress)
