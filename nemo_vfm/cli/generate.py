@@ -2,66 +2,146 @@
 
     vfm generate --ckpt experiments/quickstart --prompt "a red circle moving left on a black background"
     vfm generate --ckpt run/checkpoints/step=00001000.ckpt --prompts prompts.txt --guidance 5 --steps 50
+    # 4 GPUs: the video tokens split over 4 context-parallel ranks (or 2 CFG groups x CP2)
+    torchrun --nproc-per-node 4 -m nemo_vfm.cli.main generate --ckpt run/checkpoints --prompts p.txt --cp 4
+    torchrun --nproc-per-node 4 -m nemo_vfm.cli.main generate --ckpt dit.safetensors --prompt "..." --cfg-parallel
+    vfm generate --ckpt run/checkpoints/step=00001000.ckpt --export-safetensors dit.safetensors
 """
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ckpt", required=True, help="a step=N.ckpt file, or an experiment folder (newest checkpoint)")
+    p.add_argument("--ckpt", required=True, help="a step=N.ckpt file or sharded folder, a .safetensors export, or "
+                                                 "an experiment folder (newest checkpoint)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
     p.add_argument("--steps", type=int, default=35, help="sampler steps")
     p.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale (1 = off)")
-    p.add_argument("--sampler", default=None, help="heun | euler (default: heun for EDM, euler for flow matching)")
+    p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler"),
+                   help="default: heun for EDM, flow-euler for flow matching")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per batch")
+    p.add_argument("--frames", type=int, help="video frames (default: the training size)")
+    p.add_argument("--height", type=int, help="video height in pixels (default: the training size)")
+    p.add_argument("--width", type=int, help="video width in pixels (default: the training size)")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA weights")
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available; torchrun: cuda:LOCAL_RANK)")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"), help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--cp", type=int, default=None, help="context parallel ranks (default: all ranks left after "
+                                                        "--tp and --cfg-parallel)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (with sequence parallel)")
+    p.add_argument("--cfg-parallel", action="store_true", help="conditional and unconditional passes on two rank groups")
+    p.add_argument("--cp-kind", default="auto", choices=("auto", "ring", "a2a"), help="auto: a2a when heads allow")
+    p.add_argument("--decode-tile", type=int, default=0, help="decode in tiles of this many pixels, dealt to all "
+                                                              "ranks (0: the tokenizer as configured)")
+    p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
     p.add_argument("--upscale", type=int, default=0, help="nearest-neighbour upscaling of the output (0: auto)")
+    p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
+                                                                "(weights + config) and exit")
 
 
-def _cuda() -> bool:
-    import torch
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file not found: {path}")
+        prompts += [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError("give at least one --prompt or a --prompts file")
+    return prompts
 
-    return torch.cuda.is_available()
+
+def _pixel_size(args, tokenizer, latent_thw):
+    """Requested (frames, height, width), the training size where not given."""
+    frames, height, width = tokenizer.pixel_shape(*latent_thw)
+    return args.frames or frames, args.height or height, args.width or width
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        if os.environ.get("RANK", "0") == "0":  # every rank fails the same way; say it once
+            print(f"vfm generate: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    import torch
+    import torch.distributed as dist
     from tqdm.auto import tqdm
 
-    from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
-    from nemo_vfm.diffusion.flow_matching import FlowMatching
-    from nemo_vfm.inference.checkpoint import load_checkpoint
-    from nemo_vfm.inference.generate import SamplingConfig, generate_videos, write_videos
+    from nemo_vfm.inference.checkpoint import export_safetensors, read_checkpoint_info
+    from nemo_vfm.inference.cp_engine import InferenceEngine
+    from nemo_vfm.inference.distributed import InferenceLayout, check_model_layout, init_distributed
+    from nemo_vfm.inference.generate import SamplingConfig, write_videos
+    from nemo_vfm.inference.sampling import check_sampler, default_sampler
+    from nemo_vfm.inference.sizes import latent_size
 
-    prompts = list(args.prompt)
-    if args.prompts:
-        prompts += [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    if not prompts:
-        raise SystemExit("vfm generate: give at least one --prompt or a --prompts file")
-    loaded = load_checkpoint(args.ckpt, args.device, use_ema=not args.no_ema)
-    gen = loaded.generation
+    if args.export_safetensors:
+        out = export_safetensors(args.ckpt, args.export_safetensors, use_ema=not args.no_ema)
+        print(f"wrote {out}")
+        return 0
+    prompts = _prompts(args)
+    info = read_checkpoint_info(args.ckpt)
+    gen = info.generation
     if not gen:
-        raise SystemExit(f"vfm generate: {args.ckpt} does not record its tokenizer and text encoder "
-                         "(trained on mock latents?); nothing to decode with")
-    tokenizer = build_tokenizer(gen["tokenizer"]["name"], **gen["tokenizer"]["kwargs"]).to(args.device).eval()
-    text_encoder = build_text_encoder(gen["text_encoder"]["name"], **gen["text_encoder"]["kwargs"])
-    sampler = args.sampler or ("euler" if isinstance(loaded.objective, FlowMatching) else "heun")
+        raise ValueError(f"{args.ckpt} does not record its tokenizer and text encoder (trained on mock latents?); "
+                         "nothing to decode with")
+    sampler = args.sampler or default_sampler(info.objective)
+    check_sampler(info.objective, sampler)
     cfg = SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)
-    out = Path(args.out)
-    fps = gen.get("fps") or 8.0
-    written = []
-    for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch"):
-        batch = prompts[i: i + args.batch_size]
-        videos, times = generate_videos(loaded.net, loaded.objective, tokenizer, text_encoder, batch,
-                                        gen["latent_shape"], cfg, device=args.device, fps=gen.get("fps"))
-        upscale = args.upscale or max(1, 256 // max(videos.shape[-2:]))
-        written += write_videos(videos, out / f"batch{i // args.batch_size:03d}", fps=fps, upscale=upscale,
-                                captions=batch)
-        print("  " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()))
-    print(f"wrote {len([w for w in written if w.suffix == '.mp4'])} video grid(s) to {out} "
-          f"(checkpoint step {loaded.step})")
+    started = dist.is_initialized()
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    layout = InferenceLayout.for_world(world_env, cp=args.cp, tp=args.tp, cfg_parallel=args.cfg_parallel,
+                                       cp_kind=args.cp_kind)
+    if layout.cfg_parallel and args.guidance == 1.0:
+        raise ValueError("--cfg-parallel needs classifier-free guidance; set --guidance above 1 or drop --cfg-parallel")
+    rank, world, device = init_distributed(args.device)
+    try:
+        from nemo_vfm.data.encoders import build_tokenizer
+
+        tokenizer = build_tokenizer(gen["tokenizer"]["name"], **gen["tokenizer"]["kwargs"])
+        if args.decode_tile:
+            from nemo_vfm.tokenizers.tiling import TiledTokenizer
+
+            tokenizer = TiledTokenizer(tokenizer, tile_size=args.decode_tile, tile_overlap=args.decode_overlap)
+        channels, *trained_thw = gen["latent_shape"]
+        frames, height, width = _pixel_size(args, tokenizer, trained_thw)
+        thw = latent_size(tokenizer, frames, height, width, info.model_config.patch_size, layout.token_split)
+        check_model_layout(info.model_config, layout, thw)  # heads vs tp/cp, before loading weights
+        dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+        engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
+                                                 latent_thw=thw, tokenizer=tokenizer.to(device).eval())
+        out = Path(args.out)
+        fps = gen.get("fps") or 8.0
+        if rank == 0:
+            print(f"generating {len(prompts)} video(s) of {frames}x{height}x{width} px ({channels}x{'x'.join(map(str, thw))} "
+                  f"latents) on {world} process(es): {layout.describe()}, {sampler} x {args.steps} steps, {dtype}")
+        written, totals = [], {}
+        for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
+            batch = prompts[i: i + args.batch_size]
+            videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True)
+            for k, v in times.items():
+                totals[k] = totals.get(k, 0.0) + v
+            if rank == 0:
+                upscale = args.upscale or max(1, 256 // max(videos.shape[-2:]))
+                written += write_videos(videos, out / f"batch{i // args.batch_size:03d}", fps=fps, upscale=upscale,
+                                        captions=batch)
+                tqdm.write("  " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in times.items()))
+        if rank == 0:
+            split = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in totals.items())
+            print(f"wrote {len([w for w in written if w.suffix == '.mp4'])} video grid(s) to {out} "
+                  f"(checkpoint step {engine.step}); time per stage: {split}")
+    finally:
+        if dist.is_initialized() and not started:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            dist.destroy_process_group()
     return 0

@@ -102,11 +102,11 @@ class InferenceEngine:
         """
         import torch.distributed as dist
 
-        from nemo_vfm.inference.checkpoint import load_weights, read_checkpoint_info
+        from nemo_vfm.inference.checkpoint import CheckpointInfo, load_weights, read_checkpoint_info
 
         layout = layout or InferenceLayout()
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        info = read_checkpoint_info(path)
+        info = path if isinstance(path, CheckpointInfo) else read_checkpoint_info(path)
         cfg = info.model_config
         check_model_layout(cfg, layout, latent_thw)
         pmesh = build_inference_mesh(layout, cfg.num_heads, device.type)

@@ -27,12 +27,12 @@ def check_latent_size(latent_thw, patch_size, token_split: int = 1, tokenizer=No
         lo = max(pt, t // pt * pt)
         bad.append(f"latent frames {t} must be a multiple of the patch {pt} (frames that work: "
                    f"{px(lo, h, w)[0]} or {px(lo + pt, h, w)[0]})")
-    if h % ph or w % pw:
-        hs = sorted({max(ph, h // ph * ph), h // ph * ph + ph})
-        ws = sorted({max(pw, w // pw * pw), w // pw * pw + pw})
-        bad.append(f"latent size {h}x{w} must be a multiple of the patch {ph}x{pw} (heights that work: "
-                   f"{' or '.join(str(px(t, x, w)[1]) for x in hs)}; widths: "
-                   f"{' or '.join(str(px(t, h, x)[2]) for x in ws)} {unit})")
+    for name, n, p, axis in (("height", h, ph, 1), ("width", w, pw, 2)):
+        if n % p:
+            ok = sorted({max(p, n // p * p), n // p * p + p})
+            sizes = [px(t, x, w)[1] if axis == 1 else px(t, h, x)[2] for x in ok]
+            bad.append(f"latent {name} {n} must be a multiple of the patch {p} ({name}s that work: "
+                       f"{' or '.join(map(str, sizes))} {unit})")
     if bad:
         raise ValueError("cannot generate this size: " + "; ".join(bad))
     n = _tokens(latent_thw, patch_size)

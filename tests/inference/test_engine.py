@@ -107,7 +107,7 @@ def test_sizes_that_do_not_fit_the_tokenizer_or_cp_name_sizes_that_work():
         latent_size(tok, 32, 256, 256, (1, 2, 2))
     with pytest.raises(ValueError, match="multiples of 8"):
         latent_size(tok, 33, 250, 256, (1, 2, 2))
-    with pytest.raises(ValueError, match="heights that work: 256 or 272"):
+    with pytest.raises(ValueError, match="latent height 33 must be a multiple of the patch 2 \\(heights that work: 256 or 272 pixels\\)"):
         latent_size(tok, 33, 264, 256, (1, 2, 2))  # 33 latent rows: not a multiple of the patch 2
     with pytest.raises(ValueError) as e:
         latent_size(tok, 33, 272, 272, (1, 2, 2), token_split=8)  # 9 x 17 x 17 tokens, odd
