@@ -73,7 +73,7 @@ class InferenceEngine:
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
     def from_model(cls, model, objective, layout: InferenceLayout | None = None, *, device=None, dtype=None,
-                   cache_text_kv: bool = True, **kwargs) -> "InferenceEngine":
+                   cache_text_kv: bool = True, **kwargs) -> InferenceEngine:
         """Parallelise a plain network whose weights are loaded (the same on every rank) for ``layout``.
 
         ``cache_text_kv``: compute the text keys/values of cross-attention once per generation
@@ -93,7 +93,7 @@ class InferenceEngine:
     @classmethod
     def from_checkpoint(cls, path, layout: InferenceLayout | None = None, *, device=None, dtype="bf16",
                         use_ema: bool = True, latent_thw=None, tokenizer=None, text_encoder=None,
-                        build_encoders: bool = True, cache_text_kv: bool = True) -> "InferenceEngine":
+                        build_encoders: bool = True, cache_text_kv: bool = True) -> InferenceEngine:
         """Build the network on the meta device, parallelise it, materialise it in ``dtype`` on ``device``
         and load the checkpoint's weights (each rank reads only its own pieces of a DCP checkpoint).
 

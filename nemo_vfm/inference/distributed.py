@@ -57,7 +57,7 @@ class InferenceLayout:
 
     @classmethod
     def for_world(cls, world_size: int, *, cp: int | None = None, tp: int = 1, cfg_parallel: bool = False,
-                  **kwargs) -> "InferenceLayout":
+                  **kwargs) -> InferenceLayout:
         """The layout for ``world_size`` processes; ``cp=None`` takes all ranks left after TP and CFG."""
         groups = 2 if cfg_parallel else 1
         if cp is None:
