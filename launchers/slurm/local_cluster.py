@@ -126,7 +126,8 @@ def start(cpus: int | None = None, timeout: float = 60.0) -> dict:
     pids = {"munged": _pid_of(munge_pidfile)}
     log = open("/var/log/slurm/daemons.out", "ab")
     for name in ("slurmctld", "slurmd"):
-        proc = subprocess.Popen([name, "-D"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # -c: start clean (no jobs recovered from an earlier, possibly killed, cluster)
+        proc = subprocess.Popen([name, "-D", "-c"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         pids[name] = proc.pid
         if name == "slurmctld":
             time.sleep(1.0)
@@ -151,6 +152,25 @@ def stop() -> None:
     if not STATE.exists():
         return
     pids = json.loads(STATE.read_text())
+    if all(_alive(p) for p in pids.values()):  # cancel what still runs, so no job outlives the daemons
+        subprocess.run(["scancel", "--full", "--partition", PARTITION], capture_output=True, timeout=30)
+        for _ in range(100):
+            r = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30)
+            if r.returncode != 0 or not r.stdout.strip():
+                break
+            time.sleep(0.2)
+        for _ in range(50):  # the job steps' processes on this node, by PID, until none is left
+            r = subprocess.run(["scontrol", "listpids"], capture_output=True, text=True, timeout=30)
+            step_pids = [int(line.split()[0]) for line in r.stdout.splitlines()[1:] if line.split()[:1] != ["-1"]
+                         and line.split()[0].isdigit()]
+            if r.returncode != 0 or not step_pids:
+                break
+            for pid in step_pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
     for name in ("slurmd", "slurmctld", "munged"):
         pid = pids.get(name)
         if pid and _alive(pid):
