@@ -18,6 +18,7 @@ Every argument is checked before anything is submitted: a wrong one raises ``Val
 argument and what to do. Kubernetes goes through nemo-run's ``KubeflowExecutor`` (a Kubeflow Trainer
 ``TrainJob``; docs/launching.md says why); :func:`trainjob_manifest` renders the exact manifest.
 """
+# ruff: noqa: UP045  (Optional[X], not X | None: nemo-run 0.11's CLI parser rejects "X | None" arguments)
 
 import contextlib
 import re
@@ -192,8 +193,8 @@ def kubernetes_executor(image: str, nodes: int = 1, gpus_per_node: Optional[int]
         raise ValueError(f"kubernetes_executor job_name must be a DNS label, got {job_name!r}")
     kwargs = dict(
         image=image, num_nodes=nodes, gpus_per_node=gpus or None, nprocs_per_node=nprocs_per_node or (gpus or 1),
-        namespace=namespace, runtime_ref=runtime, cpu_requests=cpu, cpu_limits=cpu, memory_requests=memory,
-        memory_limits=memory, volumes=volumes, volume_mounts=mounts, env_vars=_env(env_vars),
+        namespace=namespace, runtime_ref=runtime, cpu_requests=_str(cpu), cpu_limits=_str(cpu),
+        memory_requests=_str(memory), memory_limits=_str(memory), volumes=volumes, volume_mounts=mounts, env_vars=_env(env_vars),
         image_pull_secrets=list(image_pull_secrets or []), tolerations=[dict(t) for t in tolerations or []],
         labels=dict(labels or {}), train_job_basename=job_name, launcher="torchrun",
     )
@@ -201,13 +202,12 @@ def kubernetes_executor(image: str, nodes: int = 1, gpus_per_node: Optional[int]
 
 
 @contextlib.contextmanager
-def _deferred_kube_clients():
-    """Build ``KubeflowExecutor``s without reading a kubeconfig: nemo-run (re)loads its API clients lazily on
-    first use anyway, so submitting still reads it, while building one and rendering manifests work offline."""
+def deferred_kube_clients():
+    """While active, ``KubeflowExecutor``s are built without reading a kubeconfig. nemo-run (re)loads its API
+    clients lazily on first use anyway, so submitting still reads it, while building executors, cloning them
+    (``exp.add`` does) and rendering manifests work offline."""
     from nemo_run.core.execution import kubeflow
 
-    if not kubeflow._KUBERNETES_AVAILABLE:
-        raise ImportError("the Kubernetes executor needs the kubernetes client: pip install kubernetes")
     load = kubeflow.KubeflowExecutor._load_kube_clients
     kubeflow.KubeflowExecutor._load_kube_clients = lambda self: None
     try:
@@ -216,17 +216,23 @@ def _deferred_kube_clients():
         kubeflow.KubeflowExecutor._load_kube_clients = load
 
 
+def _str(q):
+    return None if q is None else str(q)
+
+
 def _kubeflow_executor(**kwargs) -> run.KubeflowExecutor:
-    with _deferred_kube_clients() as cls:
+    from nemo_run.core.execution import kubeflow
+
+    if not kubeflow._KUBERNETES_AVAILABLE:
+        raise ImportError("the Kubernetes executor needs the kubernetes client: pip install kubernetes")
+    with deferred_kube_clients() as cls:
         return cls(**kwargs)
 
 
 def clone(executor: run.Executor) -> run.Executor:
     """A copy of ``executor`` (``Executor.clone`` rebuilds it, which for Kubeflow would read a kubeconfig)."""
-    if isinstance(executor, run.KubeflowExecutor):
-        with _deferred_kube_clients():
-            return executor.clone()
-    return executor.clone()
+    with deferred_kube_clients():
+        return executor.clone()
 
 
 def trainjob_manifest(executor: run.KubeflowExecutor, command: list[str], name: Optional[str] = None) -> dict:

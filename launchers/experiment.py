@@ -113,9 +113,8 @@ def build_tasks(workdir: str, *, steps=STEPS[1:], raw: str | None = None, synthe
 
 def single_process(executor):
     """The executor for the one-process steps (synthesize, curate, generate): one node, one task."""
-    import nemo_run as run
-
     import executors
+    import nemo_run as run
 
     ex = executors.clone(executor)
     ex.launcher = None
@@ -146,9 +145,8 @@ def for_pods(name: str, task, torchrun: bool = False):
 
 def build_experiment(title: str, tasks, executor):
     """A ``run.Experiment`` with every task chained to the one before (``dependencies``)."""
-    import nemo_run as run
-
     import executors
+    import nemo_run as run
 
     exp = run.Experiment(title, log_level="WARN")
     exp.__enter__()
@@ -163,9 +161,8 @@ def build_experiment(title: str, tasks, executor):
 
 def print_dryrun(exp) -> list[str]:
     """Print (and return) every generated script: sbatch files, local commands, Kubernetes TrainJobs."""
-    import yaml
-
     import executors
+    import yaml
 
     out = []
     for job in exp.jobs:
@@ -204,9 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", metavar="EXP_ID", help="print the logs of an experiment's steps")
     args = p.parse_args(argv)
 
-    import nemo_run as run
-
     import executors
+    import nemo_run as run
 
     if args.status or args.logs:
         with run.Experiment.from_id(args.status or args.logs) as exp:
