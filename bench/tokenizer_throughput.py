@@ -6,7 +6,8 @@
     python bench/tokenizer_throughput.py --device cpu --tiny       # seconds on a CPU (tests use this)
 
 Throughput does not depend on the weights, so our tokenizers run with random weights at their recipe
-widths. Writes JSON to ``bench/results/tokenizer_throughput_<device>.json`` (``--out`` to change).
+width (32); add e.g. ``--spec causal:width=64,...`` for wider ones. Writes JSON to
+``bench/results/tokenizer_throughput_<device>.json`` (``--out`` to change).
 """
 
 import argparse
@@ -24,11 +25,11 @@ from nemo_vfm.tokenizers.registry import tokenizer_from_spec  # noqa: E402
 from nemo_vfm.tokenizers.tiling import TiledTokenizer  # noqa: E402
 
 OURS = {  # the recipe architectures (recipes/tokenizer.py), random weights
-    "causal_4x8x8": "causal:temporal_compression=4,spatial_compression=8,width=64,latent_channels=16",
-    "causal_8x8x8": "causal:temporal_compression=8,spatial_compression=8,width=64,latent_channels=16",
-    "causal_8x16x16": "causal:temporal_compression=8,spatial_compression=16,patch_size=2,width=64,latent_channels=16",
+    "causal_4x8x8": "causal:temporal_compression=4,spatial_compression=8,width=32,latent_channels=16",
+    "causal_8x8x8": "causal:temporal_compression=8,spatial_compression=8,width=32,latent_channels=16",
+    "causal_8x16x16": "causal:temporal_compression=8,spatial_compression=16,patch_size=2,width=32,latent_channels=16",
 }
-TINY = {k: v.replace("width=64", "width=8") for k, v in OURS.items()}
+TINY = {k: v.replace("width=32", "width=8") for k, v in OURS.items()}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 

