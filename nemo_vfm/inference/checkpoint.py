@@ -46,13 +46,25 @@ class CheckpointInfo:
     _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
 
 
+def _latest(folder: Path) -> Path | None:
+    """The complete ``step=N.ckpt`` (file, or DCP folder with ``.metadata``) with the highest N in ``folder``."""
+    import re
+
+    if not folder.is_dir():
+        return None
+    found = []
+    for p in folder.iterdir():
+        m = re.match(r"^step=(\d+)\.ckpt$", p.name)
+        if m and ((p / ".metadata").is_file() if p.is_dir() else p.stat().st_size > 0):
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file or folder, or the newest ``step=N.ckpt`` in an experiment (or ``checkpoints/``) folder."""
     path = Path(path)
     if path.is_dir() and not (path / ".metadata").exists():
-        from nemo_vfm.lightning.checkpointing import latest_checkpoint
-
-        found = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+        found = _latest(path / "checkpoints") or _latest(path)
         if found is None:
             raise FileNotFoundError(f"no step=N.ckpt checkpoint under {path}")
         path = found

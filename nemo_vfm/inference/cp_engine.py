@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from nemo_vfm.inference.distributed import InferenceLayout, build_inference_mesh, check_model_layout
+from nemo_vfm.inference.distributed import InferenceLayout, build_inference_mesh, check_model_layout, family_plan
 from nemo_vfm.inference.text_cache import cache_text_projections, clear_text_cache
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -41,8 +41,6 @@ def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, p
     """Apply the model family's parallel plan (TP/SP, CP; no FSDP, no checkpointing) for ``layout``."""
     if pmesh is None:
         return model
-    from nemo_vfm.lightning.strategy import family_plan
-
     plan = family_plan(model)
     params = inspect.signature(plan.parallelize).parameters
     kwargs = {k: v for k, v in dict(attention_backend=layout.attention_backend, param_dtype=None,
@@ -69,6 +67,7 @@ class InferenceEngine:
         self.distributed = dist.is_initialized() and self.layout.world_size > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.cfg_group = pmesh.group("dp") if (pmesh is not None and self.layout.cfg_parallel) else None
+        self.last_latents: torch.Tensor | None = None
 
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
@@ -205,6 +204,7 @@ class InferenceEngine:
         latents = self.denoise(cond, uncond, latent_shape, sampling, progress)
         self._sync()
         times["denoise_s"] = time.perf_counter() - t0
+        self.last_latents = latents  # (N, C, t, h, w), kept for inspection (e.g. comparing layouts)
         if not decode:
             return latents, times
         t0 = time.perf_counter()

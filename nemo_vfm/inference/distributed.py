@@ -91,12 +91,23 @@ class InferenceLayout:
         return ", ".join(parts)
 
 
+def family_plan(model_or_config):
+    """The ``parallelize`` module of a model family (``nemo_vfm.models.<family>.parallelize``), imported
+    without Lightning (generation needs only torch)."""
+    import importlib
+
+    package = type(model_or_config).__module__.rsplit(".", 1)[0]
+    try:
+        return importlib.import_module(package + ".parallelize")
+    except ModuleNotFoundError as e:
+        raise NotImplementedError(f"{type(model_or_config).__name__} has no parallel plan ({package}.parallelize); "
+                                  "generate with it in one process") from e
+
+
 def check_model_layout(model_config, layout: InferenceLayout, latent_thw: tuple[int, int, int] | None = None,
                        ) -> None:
     """Raise ``ValueError`` (naming the numbers) when the model or the latent size does not divide along the
     layout: heads by TP (and CP for all-to-all), tokens by ``cp * tp``. Call before building anything."""
-    from nemo_vfm.lightning.strategy import family_plan
-
     plan = family_plan(model_config)
     plan.check_layout(model_config, layout.dims(model_config.num_heads), latent_thw)
 
