@@ -23,7 +23,12 @@ import time
 
 import torch
 
-from nemo_vfm.inference.distributed import InferenceLayout, build_inference_mesh, check_model_layout, family_plan
+from nemo_vfm.inference.distributed import (
+    InferenceLayout,
+    build_inference_mesh,
+    check_model_layout,
+    family_plan,
+)
 from nemo_vfm.inference.text_cache import cache_text_projections, clear_text_cache
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
