@@ -12,8 +12,9 @@ it in bf16 on every GPU (the same seed everywhere, so all GPU counts run the sam
 generates one video through :class:`nemo_vfm.inference.cp_engine.InferenceEngine`, the engine behind
 ``vfm generate``:
 
-- **text encode** (rank 0, broadcast): a T5-XXL-shaped encoder with random weights (24 layers, d=4096,
-  64 heads, FFN 10240, 512 tokens; ``torch.nn.TransformerEncoder``), or ``--text-encoder hash``;
+- **text encode** (rank 0, broadcast): a T5-XXL-sized encoder with random weights (24 layers, d=4096,
+  64 heads, FFN 15360 = the weights and FLOPs of T5's gated 10240 FFN, 4.6B parameters, 512 tokens;
+  ``torch.nn.TransformerEncoder``), or ``--text-encoder hash``;
 - **denoise**: ``--steps`` (50) steps of the ``--sampler`` (``res``: one network call per step) with
   classifier-free guidance batched (or ``--cfg-parallel``); the latent ``--latent T H W`` (default 8x64x64
   = 8,192 video tokens) split over CP ranks (``--cp-kind``, auto = all-to-all);
@@ -60,9 +61,9 @@ def forward_flops(cfg, tokens: int, text_len: int, batch: int) -> float:
 # -- a T5-XXL-shaped text encoder with random weights (torch only) --------------------------------------------
 class RandomTransformerTextEncoder:
     """Hash-token embeddings through a random ``nn.TransformerEncoder`` of T5-XXL's encoder size: the
-    compute of a real T5-XXL forward (24 x [self-attention + 10240-wide FFN] at d=4096), not its quality."""
+    compute of a real T5-XXL forward (24 x [self-attention + gated 10240-wide FFN] at d=4096), not its quality."""
 
-    def __init__(self, dim=4096, layers=24, heads=64, ffn=10240, max_length=512, device="cuda",
+    def __init__(self, dim=4096, layers=24, heads=64, ffn=15360, max_length=512, device="cuda",
                  dtype=torch.bfloat16):
         from torch import nn
 
@@ -70,10 +71,10 @@ class RandomTransformerTextEncoder:
 
         self.dim, self.max_length, self.device, self.dtype = dim, max_length, device, dtype
         self.tokens = HashTextEncoder(dim=dim, max_length=max_length)
-        layer = nn.TransformerEncoderLayer(dim, heads, ffn, dropout=0.0, activation="gelu", batch_first=True,
-                                           norm_first=True)
-        with torch.device(device):
-            self.net = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).to(dtype).eval()
+        with torch.device(device):  # built on the GPU: initialising 4.6B parameters on the CPU takes minutes
+            layer = nn.TransformerEncoderLayer(dim, heads, ffn, dropout=0.0, activation="gelu", batch_first=True,
+                                               norm_first=True, dtype=dtype)
+            self.net = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
 
     @torch.no_grad()
     def encode(self, captions):
@@ -123,8 +124,9 @@ def run(args) -> int:
     model = build_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
     if args.text_encoder == "t5xxl":
-        text = RandomTransformerTextEncoder(dim=args.text_dim, max_length=args.text_len, device=device, dtype=dtype) \
-            if rank == 0 else None
+        text = RandomTransformerTextEncoder(dim=args.text_dim, layers=args.text_layers, heads=args.text_dim // 64,
+                                            ffn=args.text_dim * 15 // 4, max_length=args.text_len, device=device,
+                                            dtype=dtype) if rank == 0 else None
     else:
         from nemo_vfm.tokenizers.hash_text import HashTextEncoder
 
@@ -253,6 +255,7 @@ def main() -> int:
     ap.add_argument("--text-encoder", default="t5xxl", choices=("t5xxl", "hash"))
     ap.add_argument("--text-dim", type=int, default=4096)
     ap.add_argument("--text-len", type=int, default=512)
+    ap.add_argument("--text-layers", type=int, default=24, help="layers of the T5-XXL-shaped text encoder")
     ap.add_argument("--tokenizer-width", type=int, default=64)
     ap.add_argument("--decode-tile", type=int, default=256, help="decode tile size in pixels")
     ap.add_argument("--warmup-steps", type=int, default=2)

@@ -163,3 +163,19 @@ def test_tiles_decoded_on_two_ranks_blend_like_one_process(results):
     got = per_rank[0]["tiled_decode"]
     assert got.shape == ref.shape == (1, 3, 3, 32, 32) and (got - ref).abs().max() < 1e-5
     assert per_rank[1]["tiled_decode"] is None
+
+
+def _four_worker(rank, world):
+    from nemo_vfm.inference.cp_engine import InferenceEngine
+    from nemo_vfm.inference.distributed import InferenceLayout
+
+    engine = InferenceEngine.from_model(_net(), EDM(), InferenceLayout.for_world(world, cfg_parallel=True), device="cpu")
+    assert engine.layout.cp == 2 and engine.layout.resolved_cp_kind(4) == "a2a"
+    return engine.denoise(*_cond(), SHAPE, _sampling("heun"))
+
+
+@pytest.mark.slow
+def test_cfg_parallel_times_cp2_on_four_processes_matches_single_process():
+    ref = generate_latents(_net(), EDM(), SHAPE, *_cond(), _sampling("heun"))
+    for got in run_distributed(_four_worker, 4, timeout=240):
+        assert _close(got, ref), (got - ref).abs().max().item()
