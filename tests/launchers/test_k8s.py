@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytest.importorskip("kubernetes", reason="the Kubernetes executor needs the kubernetes client (pip install kubernetes)")
+pytest.importorskip("kubeflow_trainer_api", reason="TrainJob schema: pip install kubeflow-trainer-api==2.1.0")
+pytest.importorskip("kubernetes_validate", reason="Kubernetes JSON schemas: pip install kubernetes-validate")
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.33.0"
