@@ -117,6 +117,10 @@ class InferenceEngine:
         model = cfg.build("meta").to(_dtype(dtype))
         parallelize_for_inference(model, layout, pmesh)
         model.to_empty(device=device)
+        kept = set(model.state_dict())
+        if any(name not in kept for name, _ in model.named_buffers()):
+            raise NotImplementedError(f"{type(model).__name__} has non-persistent buffers, which a checkpoint does "
+                                      "not restore after building on the meta device; load it with load_checkpoint")
         load_weights(model, info, use_ema)
         if cache_text_kv:
             cache_text_projections(model)

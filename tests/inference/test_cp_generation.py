@@ -30,9 +30,18 @@ RTOL = 1e-5  # latents: max |diff| / max |ref| (measured: CP, CFG-parallel <= 1e
 VIDEO_ATOL = 1e-3  # decoded videos in [-1, 1] (TP2 with Heun measured 1.3e-4: row-parallel sums in another order)
 
 
-def _net(in_channels=4):
-    cfg = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=in_channels, context_dim=8,
-                    adaln_lora_rank=4)
+def _net(in_channels=4, family="dit"):
+    if family == "stdit":
+        from nemo_vfm.models.stdit.flavors import stdit_config
+
+        cfg = stdit_config("tiny", in_channels=in_channels, context_dim=8)
+    elif family == "moviegen":
+        from nemo_vfm.models.moviegen.flavors import moviegen_config
+
+        cfg = moviegen_config("tiny", in_channels=in_channels, context_dim=8)
+    else:
+        cfg = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=in_channels, context_dim=8,
+                        adaln_lora_rank=4)
     net = cfg.build()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -53,7 +62,13 @@ CASES = {  # name: (layout kwargs, objective, sampler)
     "cfg_parallel_heun": (dict(cp=1, cfg_parallel=True), "edm", "heun"),
     "tp2_sp_euler": (dict(cp=1, tp=2), "edm", "euler"),
     "cp2_flow": (dict(cp=2), "flow", "flow-euler"),
+    "stdit_cp2_ring": (dict(cp=2, cp_kind="ring"), "edm", "heun"),  # the other model families' plans
+    "moviegen_cp2": (dict(cp=2), "edm", "res"),
 }
+
+
+def _family(name):
+    return name.split("_")[0] if name.startswith(("stdit", "moviegen")) else "dit"
 
 
 def _objective(name):
@@ -86,7 +101,8 @@ def _layouts_worker(rank, world, ckpts):
     out = {"tiled_decode": decode_latents(_tiled_tokenizer(), _latents_to_decode())}
     cond, uncond = _cond()
     for name, (kw, obj, sampler) in CASES.items():
-        engine = InferenceEngine.from_model(_net(), _objective(obj), InferenceLayout(**kw), device="cpu")
+        engine = InferenceEngine.from_model(_net(family=_family(name)), _objective(obj), InferenceLayout(**kw),
+                                            device="cpu")
         out[name] = engine.denoise(cond, uncond, SHAPE, _sampling(sampler))
     for name, (path, kw) in ckpts.items():
         engine = InferenceEngine.from_checkpoint(path, InferenceLayout(**kw), device="cpu", dtype="fp32")
@@ -128,7 +144,7 @@ def test_layout_matches_single_process(results, name):
     _, per_rank = results
     kw, obj, sampler = CASES[name]
     cond, uncond = _cond()
-    ref = generate_latents(_net(), _objective(obj), SHAPE, cond, uncond, _sampling(sampler))
+    ref = generate_latents(_net(family=_family(name)), _objective(obj), SHAPE, cond, uncond, _sampling(sampler))
     assert ref.abs().max() > 0.1 and torch.isfinite(ref).all()
     for r in range(2):  # every rank ends with the full latents
         got = per_rank[r][name]
