@@ -26,7 +26,9 @@ PROMPTS = ["a red circle moving left", "a blue square"]
 GEN = {"tokenizer": {"name": "identity", "kwargs": {"spatial_compression": 2}},
        "text_encoder": {"name": "hash", "kwargs": {"dim": 8, "max_length": 4}},
        "latent_shape": [12, 2, 4, 4], "fps": None}
-RTOL = 1e-5  # latents: max |diff| / max |ref| (measured: CP, CFG-parallel <= 1e-6 .. 1e-5; TP ~3e-6 with Euler)
+# latents: max |diff| / max |ref|; measured 0 (all-to-all, CFG-parallel), 1.6e-6 (TP2),
+# 6e-6 .. 1e-5 (ring: key blocks merged through their log-sum-exp)
+RTOL = 5e-5
 VIDEO_ATOL = 1e-3  # decoded videos in [-1, 1] (TP2 with Heun measured 1.3e-4: row-parallel sums in another order)
 
 
