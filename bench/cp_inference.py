@@ -3,7 +3,7 @@
     # one process per GPU count, then the table (speedup and efficiency against the 1-GPU run)
     for n in 1 2 4; do torchrun --nproc-per-node $n bench/cp_inference.py || exit 1; done
     torchrun --nproc-per-node 4 bench/cp_inference.py --cfg-parallel      # 2 CFG groups x CP2
-    python bench/cp_inference.py --summarize                              # table + summary JSON
+    python bench/cp_inference.py --summarize [DIR ...]                    # table + summary JSON
     # CPU smoke test (gloo, tiny model): --device cpu --flavor tiny --text-encoder hash --latent 2 8 8
 
 Each run builds DiT-7B (flavor ``7b``: 28 blocks, hidden 4096, 32 heads, cross-attention to 4096-dim text,
@@ -190,22 +190,29 @@ def run(args) -> int:
 
 
 # -- summary ------------------------------------------------------------------------------------------------
-def summarize(folder: Path) -> int:
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("cp_inference_*gpu_*.json"))]
+def summarize(folders: list[Path], out: Path) -> int:
+    """Table of every run found in ``folders`` (speedup against the 1-GPU run of the same setting) -> ``out``."""
+    runs = []
+    for folder in folders:
+        for p in sorted(Path(folder).glob("cp_inference_*gpu_*.json")):
+            r = json.loads(p.read_text())
+            r["_dir"] = Path(folder)
+            runs.append(r)
     if not runs:
-        print(f"no cp_inference_*.json results in {folder}", file=sys.stderr)
+        print(f"no cp_inference_*gpu_*.json results in {', '.join(map(str, folders))}", file=sys.stderr)
         return 1
     groups: dict = {}
     for r in runs:
-        key = (r["flavor"], r["tokens_per_sample"], r["steps"], r["sampler"], r["batch"], r["device"])
+        key = (r["flavor"], r["tokens_per_sample"], r["steps"], r["sampler"], r["batch"], r["device"],
+               r["text_encoder"], r["text_len"], r["guidance"], r["dtype"])
         groups.setdefault(key, []).append(r)
     lines, summary = [], []
-    for (flavor, tokens, steps, sampler, batch, device), rs in groups.items():
+    for (flavor, tokens, steps, sampler, batch, device, *_), rs in groups.items():
         rs.sort(key=lambda r: (r["world_size"], r["layout"]["cfg_parallel"]))
         base = next((r for r in rs if r["world_size"] == 1), None)
         ref = None
-        if base is not None and base.get("latents_file") and (folder / base["latents_file"]).exists():
-            ref = torch.load(folder / base["latents_file"])
+        if base is not None and base.get("latents_file") and (base["_dir"] / base["latents_file"]).exists():
+            ref = torch.load(base["_dir"] / base["latents_file"])
         lines += [f"DiT-{flavor}, {tokens} video tokens, {steps} {sampler} steps ({rs[0]['nfe']} network calls), "
                   f"batch {batch}, {rs[0]['dtype']}, {device}:", "",
                   "| GPUs | layout | denoise (s) | speedup | efficiency | text encode / denoise / decode (s) | "
@@ -216,8 +223,8 @@ def summarize(folder: Path) -> int:
             speedup = base["times"]["denoise_s"] / t["denoise_s"] if base else float("nan")
             eff = speedup / r["world_size"]
             diff = None
-            if ref is not None and r.get("latents_file") and (folder / r["latents_file"]).exists():
-                x = torch.load(folder / r["latents_file"])
+            if ref is not None and r.get("latents_file") and (r["_dir"] / r["latents_file"]).exists():
+                x = torch.load(r["_dir"] / r["latents_file"])
                 diff = ((x - ref).abs().max() / ref.abs().max()).item()
             name = f"CP{lay['cp']}" + (f" ({lay['cp_kind']})" if lay["cp_kind"] else "") + \
                 (f" x TP{lay['tp']}" if lay["tp"] > 1 else "") + (" x CFG2" if lay["cfg_parallel"] else "")
@@ -231,15 +238,17 @@ def summarize(folder: Path) -> int:
                             "max_latent_rel_diff_vs_1gpu": diff, "device": device})
         lines.append("")
     table = "\n".join(lines)
-    (folder / "cp_inference.md").write_text(table + "\n")
-    (folder / "cp_inference_summary.json").write_text(json.dumps(summary, indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cp_inference.md").write_text(table + "\n")
+    (out / "cp_inference_summary.json").write_text(json.dumps(summary, indent=1))
     print(table)
     return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--summarize", action="store_true", help="read the JSON results under $OUT and write the table")
+    ap.add_argument("--summarize", nargs="*", metavar="DIR", default=None,
+                    help="read the JSON results in DIRs (default: $OUT or bench/results) and write the table there")
     ap.add_argument("--flavor", default="7b")
     ap.add_argument("--latent", type=int, nargs=3, default=(8, 64, 64), metavar=("T", "H", "W"),
                     help="latent frames/height/width (default 8x64x64: 8,192 tokens with patch 1x2x2)")
@@ -265,8 +274,8 @@ def main() -> int:
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu (gloo smoke test)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
-    if args.summarize:
-        return summarize(out_dir())
+    if args.summarize is not None:
+        return summarize([Path(d) for d in args.summarize] or [out_dir()], out_dir())
     return run(args)
 
 
