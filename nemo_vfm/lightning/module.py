@@ -128,8 +128,10 @@ class DiffusionModule(L.LightningModule):
             if not p.requires_grad:
                 continue
             (no_decay if p.dim() < 2 or "embed" in name else decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.optim.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        from nemo_vfm.parallel.grads import split_dtensor_groups
+
+        groups = split_dtensor_groups([{"params": decay, "weight_decay": self.optim.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}])
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
         opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
                                 fused=fused or None)

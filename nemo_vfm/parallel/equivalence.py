@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from nemo_vfm.parallel.dims import ParallelDims
-from nemo_vfm.parallel.grads import clean_name, clip_grad_norm_, sync_grads
+from nemo_vfm.parallel.grads import clean_name, clip_grad_norm_, split_dtensor_groups, sync_grads
 
 
 def tiny_config(**overrides):
@@ -145,7 +145,10 @@ def run_layout(cfg, problem: dict, dims: ParallelDims, *, steps: int = 3, lr: fl
     """The same run under ``dims`` (call on every rank); gradients and weights come back full-size."""
     device = torch.device(device or "cpu")
     pmesh, modules, runner = build_parallel(cfg, problem, dims, device, **parallelize_kwargs)
-    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=lr, momentum=momentum)
+    params = [p for m in modules for p in m.parameters()]
+    # foreach=True as on CUDA (the CPU default is the per-tensor loop): the multi-tensor kernels are what
+    # need the DTensor/plain-tensor split
+    opt = torch.optim.SGD(split_dtensor_groups([{"params": params}]), lr=lr, momentum=momentum, foreach=True)
     res = train_steps(modules, runner, pmesh, problem, opt, steps=steps, max_norm=max_norm, device=device)
     res["params"] = _collect(modules, "param")
     return res

@@ -151,3 +151,19 @@ def clip_grad_norm_(
             if p.grad is not None:
                 _local(p.grad).mul_(coef.to(_local(p.grad).device))
     return norm
+
+
+def split_dtensor_groups(groups: list[dict]) -> list[dict]:
+    """Split optimizer param groups so that none mixes DTensor and plain-tensor parameters.
+
+    Under tensor parallelism without FSDP only the sharded layers hold DTensors; the multi-tensor
+    (foreach / fused) optimizer kernels reject a list that mixes the two ("got mixed torch.Tensor and
+    DTensor"). Each group's other options are kept."""
+    out = []
+    for g in groups:
+        params = list(g["params"])
+        for keep in (lambda p: isinstance(p, DTensor), lambda p: not isinstance(p, DTensor)):
+            part = [p for p in params if keep(p)]
+            if part:
+                out.append({**g, "params": part})
+    return out
