@@ -186,10 +186,9 @@ def train_tokenizer(*, tokenizer: CausalTokenizerConfig | None = None, data: Tok
                     bf16: bool = True, seed: int = 0, threads: int | None = None, progress: bool = True) -> dict:
     """Train a :class:`CausalVideoTokenizer`; returns the metrics written to ``out_dir/metrics.json``.
 
-    ``metrics["initial"]``/``["final"]`` hold held-out PSNR (dB) and SSIM; ``bf16`` autocasts on CUDA only.
+    ``metrics["initial"]``/``["final"]`` hold held-out PSNR (dB) and SSIM; ``bf16`` autocasts on CUDA only;
+    ``threads`` sets torch's CPU threads for the run (1 is far faster on a contended CPU).
     """
-    from tqdm.auto import tqdm
-
     tokenizer = tokenizer or CausalTokenizerConfig()
     data = data or TokenizerDataConfig()
     loss = loss or TokenizerLossConfig()
@@ -200,8 +199,20 @@ def train_tokenizer(*, tokenizer: CausalTokenizerConfig | None = None, data: Tok
         raise ValueError(f"training clips {data.num_frames}x{data.height}x{data.width} do not fit a "
                          f"{tc}x{tokenizer.spatial_compression}x{tokenizer.spatial_compression} tokenizer: use "
                          f"num_frames = 1 + {tc}*k and height/width multiples of {tokenizer.spatial_compression}")
+    previous_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    try:
+        return _train(tokenizer, data, loss, out_dir, max_steps, batch_size, lr, weight_decay, warmup_steps,
+                      val_every, videos, device, bf16, seed, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(tokenizer, data, loss, out_dir, max_steps, batch_size, lr, weight_decay, warmup_steps, val_every,
+           videos, device, bf16, seed, progress) -> dict:
+    from tqdm.auto import tqdm
+
     dev = _resolve_device(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

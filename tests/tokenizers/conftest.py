@@ -23,6 +23,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.std())
 
 
+@pytest.fixture(autouse=True)
+def one_cpu_thread():
+    """Two OpenMP threads on a shared 2-core machine can run 50x slower than one: use one, then restore."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def video():
     torch.manual_seed(1)

@@ -53,7 +53,8 @@ def test_causal_by_name_checkpoint_and_tiling(tmp_path):
 
 
 def test_data_preparation_routes_through_the_registry():
-    from nemo_vfm.data.encoders import build_text_encoder as data_text, build_tokenizer as data_tok
+    from nemo_vfm.data.encoders import build_text_encoder as data_text
+    from nemo_vfm.data.encoders import build_tokenizer as data_tok
 
     assert isinstance(data_tok("causal", width=4, latent_channels=4), CausalVideoTokenizer)
     assert data_text("hash", dim=8, max_length=4).encode(["a b"])[0].shape == (1, 4, 8)

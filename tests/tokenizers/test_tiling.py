@@ -9,7 +9,7 @@ from nemo_vfm.tokenizers.identity import IdentityTokenizer
 from nemo_vfm.tokenizers.tiling import TiledTokenizer, TilingConfig
 
 
-@pytest.mark.parametrize("tc,sc,p,chunk", [(4, 8, 1, None), (4, 8, 1, 1), (8, 16, 2, 2)])
+@pytest.mark.parametrize("tc,sc,p,chunk", [(4, 8, 1, None), (4, 8, 1, 1), (8, 8, 1, 1), (8, 16, 2, 2)])
 def test_tiled_equals_untiled_for_our_tokenizer(tc, sc, p, chunk):
     tok = tiny_causal(tc, sc, p)
     torch.manual_seed(2)
