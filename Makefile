@@ -28,8 +28,10 @@ demo: setup
 	$(VPY) launchers/demo.py --out demo_output
 
 # -p no:cacheprovider keeps a fresh clone clean; exit code 5 (no tests collected) is a failure.
+# One OpenMP thread per process: the suite spawns gloo process groups, and oversubscribed OpenMP threads
+# on 2 cores slow CPU tests down by an order of magnitude.
 test: setup
-	$(VPY) -m pytest -q -x --durations=15 -p no:cacheprovider tests; rc=$$?; \
+	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -x --durations=15 -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 lint: setup

@@ -12,26 +12,11 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    import catalogue
-    import nemo_run as run
-    import typer
-    from nemo_run.config import get_type_namespace
-
     import nemo_vfm_recipes.tokenizer  # noqa: F401  (registers the factories)
     from nemo_vfm.tokenizers.train import train_tokenizer
+    from nemo_vfm_recipes.cli import run_cli
 
-    if "--factory" in argv:
-        i = argv.index("--factory") + 1
-        name = argv[i] if i < len(argv) else ""
-        known = sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train_tokenizer)]))
-        if name not in known:
-            print(f"error: unknown factory {name!r}; choose one of: {', '.join(known)}", file=sys.stderr)
-            return 2
-    entry = run.cli.entrypoint(namespace="vfm")(train_tokenizer)
-    app = typer.Typer(pretty_exceptions_enable=False)
-    entry.cli_entrypoint._add_command(app, is_main=True)
-    rc = app(args=argv, prog_name="launchers/train_tokenizer.py", standalone_mode=False)
-    return rc if isinstance(rc, int) else 0
+    return run_cli(train_tokenizer, argv, "launchers/train_tokenizer.py")
 
 
 if __name__ == "__main__":
