@@ -3,15 +3,34 @@
 import types
 
 
-def teach_pep604_unions() -> None:
-    """Let nemo-run's CLI parse overrides of fields annotated ``X | None`` (PEP 604), not only
-    ``Optional[X]``: nemo-run 0.11 has no parser for ``types.UnionType``, so ``data.path=/x`` on a
-    ``path: str | None`` field fails. Idempotent; call before parsing."""
+def _parse_tuple(value: str, annotation):
+    """``model.patch_size=[1,2,2]`` (or ``(1,2,2)``) for a ``tuple[int, int, int]`` field."""
+    import ast
+    import typing
+
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError) as e:
+        raise ValueError(f"{value!r} is not a tuple literal such as [1,2,2]") from e
+    if not isinstance(parsed, (list, tuple)):
+        raise ValueError(f"{value!r} is not a tuple literal such as [1,2,2]")
+    args = typing.get_args(annotation)
+    if args and args[-1] is not Ellipsis and len(args) != len(parsed):
+        raise ValueError(f"{value!r} has {len(parsed)} values, the field takes {len(args)}")
+    return tuple(parsed)
+
+
+def teach_parsers() -> None:
+    """Let nemo-run's CLI parse overrides that nemo-run 0.11 cannot: fields annotated ``X | None`` (PEP 604;
+    it only knows ``Optional[X]``, so ``data.path=/x`` on ``path: str | None`` fails) and tuples
+    (``model.patch_size=[1,2,2]``). Idempotent; call before parsing."""
     from nemo_run.cli.cli_parser import type_parser
 
     if types.UnionType not in type_parser.custom_parsers:
         type_parser.register_parser(types.UnionType)(type_parser.parse_union)
-        type_parser.get_parser.cache_clear()
+    if tuple not in type_parser.custom_parsers:
+        type_parser.register_parser(tuple)(_parse_tuple)
+    type_parser.get_parser.cache_clear()
 
 
 def run_cli(target, argv: list[str], prog: str) -> int:
@@ -24,7 +43,7 @@ def run_cli(target, argv: list[str], prog: str) -> int:
     import typer
     from nemo_run.config import get_type_namespace
 
-    teach_pep604_unions()
+    teach_parsers()
     if "--factory" in argv:
         i = argv.index("--factory") + 1
         name = argv[i] if i < len(argv) else ""
