@@ -69,3 +69,29 @@ class SharedAdaLN(nn.Module):
     def init_weights(self):
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
+
+
+class FinalLayer(nn.Module):
+    """The output head of an adaLN transformer: norm, ``modulate`` by ``(shift, scale)`` of ``c``, then a
+    linear projection to ``out_features`` (a token's patch values). Zero-initialised (adaLN-Zero).
+
+    ``c`` is ``(B, D)`` or per token ``(B, S, D)``; ``norm`` is ``"layer"`` or ``"rms"`` (no affine)."""
+
+    def __init__(self, hidden_size: int, out_features: int, eps: float = 1e-6, norm: str = "layer"):
+        super().__init__()
+        if norm not in ("layer", "rms"):
+            raise ValueError(f"FinalLayer norm must be 'layer' or 'rms', got {norm!r}")
+        self.norm = (nn.LayerNorm(hidden_size, elementwise_affine=False, eps=eps) if norm == "layer"
+                     else nn.RMSNorm(hidden_size, eps=eps, elementwise_affine=False))
+        self.adaln = nn.Linear(hidden_size, 2 * hidden_size)
+        self.linear = nn.Linear(hidden_size, out_features)
+
+    def forward(self, x_BSD: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        out = self.adaln(nn.functional.silu(c))
+        shift, scale = (out[:, None] if out.dim() == 2 else out).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm(x_BSD), shift, scale))
+
+    def init_weights(self):
+        for lin in (self.adaln, self.linear):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)

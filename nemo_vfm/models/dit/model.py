@@ -9,12 +9,13 @@ S = t*h*w video tokens, L text tokens, D hidden size.
     context (B, L, D_text), context_mask (B, L) --> cross-attention keys/values
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from nemo_vfm.models.common.adaln import AdaLNModulation, SharedAdaLN, modulate
+from nemo_vfm.models.common.adaln import AdaLNModulation, FinalLayer, SharedAdaLN, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SelfAttention
 from nemo_vfm.models.common.embeddings import (
     LabelEmbedder,
@@ -128,25 +129,6 @@ class DiTBlock(nn.Module):
         self.adaln.init_weights()
 
 
-class FinalLayer(nn.Module):
-    def __init__(self, cfg: DiTConfig):
-        super().__init__()
-        d = cfg.hidden_size
-        self.norm = nn.LayerNorm(d, elementwise_affine=False, eps=cfg.norm_eps)
-        self.adaln = nn.Linear(d, 2 * d)
-        self.linear = nn.Linear(d, cfg.out_channels * cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2])
-
-    def forward(self, x_BSD: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        out = self.adaln(nn.functional.silu(c))
-        shift, scale = (out[:, None] if out.dim() == 2 else out).chunk(2, dim=-1)
-        return self.linear(modulate(self.norm(x_BSD), shift, scale))
-
-    def init_weights(self):
-        for lin in (self.adaln, self.linear):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-
-
 class DiT(nn.Module):
     """The network: predicts from noisy latents. Preconditioning and losses live in ``nemo_vfm.diffusion``."""
 
@@ -161,7 +143,7 @@ class DiT(nn.Module):
         self.shared_adaln = SharedAdaLN(d) if cfg.adaln_lora_rank > 0 else None
         self.rope = RoPE3D(cfg.head_dim, cfg.rope_theta, cfg.rope_base_fps) if cfg.pos_embed == "rope3d" else None
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.num_layers))
-        self.final_layer = FinalLayer(cfg)
+        self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps)
 
     # -- pieces, so that pipeline/context parallelism can call them separately ------------------------
     def condition(self, timesteps: torch.Tensor, class_labels=None, fps=None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -18,13 +18,14 @@ Legend: B batch, C latent channels, T/H/W latent size, (t, h, w) patch grid, S =
 (t-major), L text tokens, D hidden, Hn query heads, Hkv key/value heads, Dh head dim.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_vfm.models.common.adaln import modulate
+from nemo_vfm.models.common.adaln import FinalLayer, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SDPACore
 from nemo_vfm.models.common.embeddings import LabelEmbedder, PatchEmbed3D, TimestepEmbedder, unpatchify
 from nemo_vfm.models.common.mlp import SwiGLU
@@ -161,26 +162,6 @@ class MovieGenBlock(nn.Module):
             nn.init.zeros_(self.cross_attn.proj.weight)  # starts silent, as in PixArt-alpha
 
 
-class FinalLayer(nn.Module):
-    def __init__(self, cfg: MovieGenConfig):
-        super().__init__()
-        d = cfg.hidden_size
-        self.norm = nn.RMSNorm(d, eps=cfg.norm_eps, elementwise_affine=False)
-        self.adaln = nn.Linear(d, 2 * d)
-        pt, ph, pw = cfg.patch_size
-        self.linear = nn.Linear(d, cfg.out_channels * pt * ph * pw)
-
-    def forward(self, x_BSD: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        out = self.adaln(F.silu(c))
-        shift, scale = (out[:, None] if out.dim() == 2 else out).chunk(2, dim=-1)
-        return self.linear(modulate(self.norm(x_BSD), shift, scale))
-
-    def init_weights(self):
-        for lin in (self.adaln, self.linear):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-
-
 class MovieGen(nn.Module):
     """``forward(x (B, C, T, H, W), timesteps (B,), context, context_mask, class_labels, fps)`` ->
     ``(B, C_out, T, H, W)``; the same contract as the DiT."""
@@ -196,7 +177,7 @@ class MovieGen(nn.Module):
         self.y_embedder = LabelEmbedder(cfg.num_classes, d) if cfg.num_classes > 0 else None
         self.t_block = nn.Linear(d, 6 * d)  # adaLN-single: shared by all blocks
         self.blocks = nn.ModuleList(MovieGenBlock(cfg) for _ in range(cfg.num_layers))
-        self.final_layer = FinalLayer(cfg)
+        self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps, norm="rms")
 
     def positions(self, pos_ids: torch.Tensor) -> torch.Tensor:
         """Factorized learnable embedding ``(N, D)`` of ``(t, h, w)`` patch positions ``(N, 3)``."""

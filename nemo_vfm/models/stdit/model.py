@@ -19,13 +19,14 @@ for the context-parallel versions (all-to-all for temporal, nothing for spatial,
 positions along its own axes.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_vfm.models.common.adaln import AdaLNModulation, SharedAdaLN, modulate
+from nemo_vfm.models.common.adaln import AdaLNModulation, FinalLayer, SharedAdaLN, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SelfAttention
 from nemo_vfm.models.common.embeddings import (
     LabelEmbedder,
@@ -225,26 +226,6 @@ class STDiTBlock(nn.Module):
             self.cross_attn.init_weights()
 
 
-class FinalLayer(nn.Module):
-    def __init__(self, cfg: STDiTConfig):
-        super().__init__()
-        d = cfg.hidden_size
-        self.norm = nn.LayerNorm(d, elementwise_affine=False, eps=cfg.norm_eps)
-        self.adaln = nn.Linear(d, 2 * d)
-        pt, ph, pw = cfg.patch_size
-        self.linear = nn.Linear(d, cfg.out_channels * pt * ph * pw)
-
-    def forward(self, x_BSD: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        out = self.adaln(F.silu(c))
-        shift, scale = (out[:, None] if out.dim() == 2 else out).chunk(2, dim=-1)
-        return self.linear(modulate(self.norm(x_BSD), shift, scale))
-
-    def init_weights(self):
-        for lin in (self.adaln, self.linear):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-
-
 class STDiT(nn.Module):
     """The network: ``forward(x (B, C, T, H, W), timesteps (B,), context, context_mask, class_labels, fps)``
     -> ``(B, C_out, T, H, W)``. Same contract as :class:`~nemo_vfm.models.dit.model.DiT`."""
@@ -260,7 +241,7 @@ class STDiT(nn.Module):
         self.shared_adaln = SharedAdaLN(d) if cfg.adaln_lora_rank > 0 else None
         self.rope = RoPE3D(cfg.head_dim, cfg.rope_theta, cfg.rope_base_fps) if cfg.pos_embed == "rope3d" else None
         self.blocks = nn.ModuleList(STDiTBlock(cfg, cfg.has_full_attn(i)) for i in range(cfg.num_layers))
-        self.final_layer = FinalLayer(cfg)
+        self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps)
 
     def condition(self, timesteps, class_labels=None, fps=None):
         """``(B,)`` timesteps [+ labels, fps] -> ``c (B, D)`` and the AdaLN-LoRA shared ``(B, 3D)`` (or None)."""
