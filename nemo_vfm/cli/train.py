@@ -16,5 +16,6 @@ def run(args) -> int:
     if not launcher.exists():
         raise SystemExit(f"vfm train needs the source checkout (launchers/train.py not found at {launcher})")
     argv = (["--factory", args.factory] if args.factory else []) + args.extra
+    sys.path.insert(0, str(launcher.parent))  # as when the script runs: its siblings (executors.py) import
     module = runpy.run_path(str(launcher))
     return module["main"](argv)

@@ -54,3 +54,11 @@ def test_quickstart_trains_and_vfm_generate_samples(tmp_path):
     assert frames.shape[0] == 8 and fps == 8.0
     assert (tmp_path / "gen" / "batch000.gif").exists()
     assert "blue square" in (tmp_path / "gen" / "batch000.txt").read_text()
+
+
+def test_vfm_train_forwards_to_the_launcher(tmp_path):
+    vfm = [sys.executable, "-m", "nemo_vfm.cli.main", "train"]
+    r = subprocess.run([*vfm, "--factory", "quickstart", "--yes", "--dryrun"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and "Dry run" in r.stdout, (r.stdout + r.stderr)[-2000:]
+    assert subprocess.run([*vfm, "--factory", "nope"], capture_output=True, text=True, timeout=300).returncode != 0
