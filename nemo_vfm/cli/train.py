@@ -2,6 +2,7 @@
 
 import argparse
 import runpy
+import sys
 from pathlib import Path
 
 ACCEPTS_EXTRA = True
