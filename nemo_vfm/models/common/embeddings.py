@@ -178,3 +178,29 @@ def apply_rope(x_BHSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     cos, sin = cos[:, None].to(x_BHSD.dtype), sin[:, None].to(x_BHSD.dtype)
     x1, x2 = x_BHSD.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def embed_conditions(model: nn.Module, timesteps: torch.Tensor, class_labels=None, fps=None) -> torch.Tensor:
+    """``c (B, D)``: the sum of a model's ``t_embedder`` and, when it has them, ``y_embedder`` (class labels)
+    and ``fps_embedder``; a clear error when the model needs an input that was not given."""
+    c = model.t_embedder(timesteps)
+    name = type(model).__name__
+    if getattr(model, "y_embedder", None) is not None:
+        if class_labels is None:
+            raise ValueError(f"this {name} is class-conditional: pass class_labels (num_classes means 'no class')")
+        c = c + model.y_embedder(class_labels)
+    if getattr(model, "fps_embedder", None) is not None:
+        if fps is None:
+            raise ValueError(f"this {name} embeds fps (fps_embed=True): pass fps")
+        c = c + model.fps_embedder(fps)
+    return c
+
+
+def build_model(model_cls, cfg, device=None) -> nn.Module:
+    """``model_cls(cfg)`` on ``device``, initialised; ``device='meta'`` builds without allocating (then
+    ``to_empty`` and ``init_weights()`` after parallelizing)."""
+    with torch.device(device or "cpu"):
+        model = model_cls(cfg)
+    if str(device) != "meta":
+        model.init_weights()
+    return model

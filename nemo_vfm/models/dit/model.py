@@ -22,6 +22,8 @@ from nemo_vfm.models.common.embeddings import (
     PatchEmbed3D,
     RoPE3D,
     TimestepEmbedder,
+    build_model,
+    embed_conditions,
     sincos_pos_embed_2d,
     sincos_pos_embed_3d,
     unpatchify,
@@ -148,15 +150,7 @@ class DiT(nn.Module):
     # -- pieces, so that pipeline/context parallelism can call them separately ------------------------
     def condition(self, timesteps: torch.Tensor, class_labels=None, fps=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(B,)`` timesteps [+ labels, fps] -> ``c (B, D)`` and the AdaLN-LoRA shared ``(B, 3D)`` (or None)."""
-        c = self.t_embedder(timesteps)
-        if self.y_embedder is not None:
-            if class_labels is None:
-                raise ValueError("this DiT is class-conditional: pass class_labels (use num_classes for 'no class')")
-            c = c + self.y_embedder(class_labels)
-        if self.fps_embedder is not None:
-            if fps is None:
-                raise ValueError("this DiT embeds fps (fps_embed=True): pass fps")
-            c = c + self.fps_embedder(fps)
+        c = embed_conditions(self, timesteps, class_labels, fps)
         return c, (self.shared_adaln(c) if self.shared_adaln is not None else None)
 
     def positions(self, grid: tuple[int, int, int], fps=None, device=None):
@@ -221,8 +215,4 @@ class DiT(nn.Module):
 def build_dit(cfg: DiTConfig, device: str | torch.device | None = None) -> DiT:
     """Build and initialise a :class:`DiT` (``device='meta'`` builds without allocating; call
     ``init_weights()`` after ``to_empty``)."""
-    with torch.device(device or "cpu"):
-        model = DiT(cfg)
-    if str(device) != "meta":
-        model.init_weights()
-    return model
+    return build_model(DiT, cfg, device)

@@ -27,7 +27,14 @@ from torch import nn
 
 from nemo_vfm.models.common.adaln import FinalLayer, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SDPACore
-from nemo_vfm.models.common.embeddings import LabelEmbedder, PatchEmbed3D, TimestepEmbedder, unpatchify
+from nemo_vfm.models.common.embeddings import (
+    LabelEmbedder,
+    PatchEmbed3D,
+    TimestepEmbedder,
+    build_model,
+    embed_conditions,
+    unpatchify,
+)
 from nemo_vfm.models.common.mlp import SwiGLU
 from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
 
@@ -71,11 +78,7 @@ class MovieGenConfig:
 
     def build(self, device: str | torch.device | None = None) -> "MovieGen":
         """The network (``device='meta'`` builds without allocating; call ``init_weights()`` after ``to_empty``)."""
-        with torch.device(device or "cpu"):
-            model = MovieGen(self)
-        if str(device) != "meta":
-            model.init_weights()
-        return model
+        return build_model(MovieGen, self, device)
 
     @property
     def head_dim(self) -> int:
@@ -193,15 +196,7 @@ class MovieGen(nn.Module):
 
     def condition(self, timesteps, class_labels=None, fps=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B,)`` -> ``c (B, D)`` (final layer) and the blocks' shared modulation ``(B, 6D)``."""
-        c = self.t_embedder(timesteps)
-        if self.y_embedder is not None:
-            if class_labels is None:
-                raise ValueError("this MovieGen is class-conditional: pass class_labels (num_classes = 'no class')")
-            c = c + self.y_embedder(class_labels)
-        if self.fps_embedder is not None:
-            if fps is None:
-                raise ValueError("this MovieGen embeds fps (fps_embed=True): pass fps")
-            c = c + self.fps_embedder(fps)
+        c = embed_conditions(self, timesteps, class_labels, fps)
         return c, self.t_block(F.silu(c))
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,

@@ -33,6 +33,8 @@ from nemo_vfm.models.common.embeddings import (
     PatchEmbed3D,
     RoPE3D,
     TimestepEmbedder,
+    build_model,
+    embed_conditions,
     sincos_pos_embed_3d,
     unpatchify,
 )
@@ -94,11 +96,7 @@ class STDiTConfig:
 
     def build(self, device: str | torch.device | None = None) -> "STDiT":
         """The network (``device='meta'`` builds without allocating; call ``init_weights()`` after ``to_empty``)."""
-        with torch.device(device or "cpu"):
-            model = STDiT(self)
-        if str(device) != "meta":
-            model.init_weights()
-        return model
+        return build_model(STDiT, self, device)
 
     @property
     def head_dim(self) -> int:
@@ -245,15 +243,7 @@ class STDiT(nn.Module):
 
     def condition(self, timesteps, class_labels=None, fps=None):
         """``(B,)`` timesteps [+ labels, fps] -> ``c (B, D)`` and the AdaLN-LoRA shared ``(B, 3D)`` (or None)."""
-        c = self.t_embedder(timesteps)
-        if self.y_embedder is not None:
-            if class_labels is None:
-                raise ValueError("this ST-DiT is class-conditional: pass class_labels (num_classes = 'no class')")
-            c = c + self.y_embedder(class_labels)
-        if self.fps_embedder is not None:
-            if fps is None:
-                raise ValueError("this ST-DiT embeds fps (fps_embed=True): pass fps")
-            c = c + self.fps_embedder(fps)
+        c = embed_conditions(self, timesteps, class_labels, fps)
         return c, (self.shared_adaln(c) if self.shared_adaln is not None else None)
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
