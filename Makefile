@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py
 	  $(PIP) install -q torch==2.13.0; \
 	fi
 	$(VPY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
-	$(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,pretrained,curation,k8s]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,pretrained,curation,k8s,fp8]"
 	touch $(STAMP)
 
 demo: setup

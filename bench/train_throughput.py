@@ -15,7 +15,9 @@ Speed knobs: ``--precision`` (``fp32``; ``amp`` = fp32 weights + bf16 autocast; 
 weights and activations with fp32 master weights in the optimizer), ``--compile`` (per block, via
 ``nemo_vfm.parallel.compile``), ``--ac`` (activation checkpointing, via
 ``nemo_vfm.parallel.activation_checkpoint``), ``--sdpa`` (attention backend), ``--optimizer none``
-(forward + backward only: the per-GPU compute of a sharded run whose optimizer state does not fit).
+(forward + backward only: the per-GPU compute of a sharded run whose optimizer state does not fit),
+``--float8 rowwise|tensorwise`` (FP8 linears through torchao, ``nemo_vfm.parallel.float8``; reported
+separately from bf16), ``--compile-mode`` (e.g. ``max-autotune-no-cudagraphs``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from flops import dit_forward_flops, peak_tflops  # noqa: E402
 PRECISIONS = ("fp32", "amp", "bf16")
 SDPA = ("auto", "cudnn", "flash", "efficient", "math")
 OPTIMIZERS = ("adamw", "none")
+SUITES = ("xl", "7b", "packed", "xl-fp8", "7b-fp8")
 
 
 @dataclass(kw_only=True)
@@ -60,6 +63,9 @@ class BenchSettings:
     text_len: int = 512
     precision: str = "bf16"
     compile: bool = True
+    compile_mode: str | None = None  # torch.compile mode, e.g. "max-autotune-no-cudagraphs"
+    float8: str | None = None  # "rowwise" | "tensorwise": FP8 linears via torchao (nemo_vfm.parallel.float8)
+    float8_modules: str = "mlp"  # "mlp" | "all" (+ attention projections)
     ac: str = "none"
     sdpa: str = "auto"
     optimizer: str = "adamw"
@@ -81,6 +87,9 @@ class BenchSettings:
             raise ValueError("steps and batch must be >= 1 and warmup >= 0")
         if self.packed is not None and self.original:
             raise ValueError("packed batches need a text-conditioned config: drop --original")
+        from nemo_vfm.parallel.float8 import check_float8
+
+        check_float8(self.float8, self.float8_modules)
 
     def model_config(self):
         from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
@@ -187,9 +196,13 @@ def build_step(s: BenchSettings, device):
         set_sdpa_backend(s.sdpa)
     for block in model.blocks:
         block.attn.fuse_qkv = s.fuse_qkv
+    if s.float8:
+        from nemo_vfm.parallel.float8 import apply_float8
+
+        apply_float8(model.blocks, s.float8, s.float8_modules)
     apply_activation_checkpointing(model.blocks, s.ac)
     if s.compile:
-        compile_blocks(model.blocks)
+        compile_blocks(model.blocks, mode=s.compile_mode)
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
 
@@ -376,7 +389,22 @@ def suite(name: str) -> list[BenchSettings]:
                 BenchSettings(name="unpacked-8192", **base, latent=(8, 64, 64), batch=1),
                 BenchSettings(name="packed-8192-eager", **base, packed=mix, compile=False),
                 BenchSettings(name="unpacked-8192-eager", **base, latent=(8, 64, 64), batch=1, compile=False)]
-    raise ValueError(f"unknown suite {name!r}; choose one of: xl, 7b, packed")
+    if name == "xl-fp8":  # DiT-XL/2 speed knobs beyond bf16: FP8 linears, autotuned compile
+        base = dict(flavor="xl", original=True, latent=(1, 32, 32), batch=176, sdpa="cudnn", precision="amp",
+                    fuse_qkv=True)
+        return [BenchSettings(name="xl-bs176-amp", **base),
+                BenchSettings(name="xl-bs176-amp-fp8row-mlp", **base, float8="rowwise"),
+                BenchSettings(name="xl-bs176-amp-fp8tw-mlp", **base, float8="tensorwise"),
+                BenchSettings(name="xl-bs176-amp-fp8row-all", **base, float8="rowwise", float8_modules="all"),
+                BenchSettings(name="xl-bs176-amp-fp8tw-all", **base, float8="tensorwise", float8_modules="all",
+                              profile=True),
+                BenchSettings(name="xl-bs176-amp-autotune", **base, compile_mode="max-autotune-no-cudagraphs")]
+    if name == "7b-fp8":  # DiT-7B forward + backward at 8192 tokens with FP8 linears
+        base = dict(flavor="7b", latent=(8, 64, 64), batch=1, text_len=512, warmup=3, steps=6, optimizer="none",
+                    sdpa="cudnn")
+        return [BenchSettings(name="7b-fwdbwd-fp8row-all", **base, float8="rowwise", float8_modules="all"),
+                BenchSettings(name="7b-fwdbwd-fp8tw-all", **base, float8="tensorwise", float8_modules="all")]
+    raise ValueError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}")
 
 
 def environment(device: torch.device, commit: str | None) -> dict:
@@ -416,7 +444,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", choices=("xl", "7b", "packed"), help="run a named set of variants")
+    p.add_argument("--suite", choices=SUITES, help="run a named set of variants")
     p.add_argument("--tiny", action="store_true", help="tiny model, small latent, 2 steps (CPU smoke run)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--flavor", default="xl")
@@ -429,6 +457,9 @@ def parse_args(argv=None):
     p.add_argument("--text-len", type=int, default=512)
     p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--compile-mode", help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
+    p.add_argument("--float8", choices=("rowwise", "tensorwise"), help="FP8 linears (torchao)")
+    p.add_argument("--float8-modules", choices=("mlp", "all"), default="mlp")
     p.add_argument("--ac", default="none", help="none | full | selective | selective_op")
     p.add_argument("--sdpa", choices=SDPA, default="auto")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
@@ -454,12 +485,13 @@ def main(argv=None) -> int:
     elif a.tiny:
         cases = [BenchSettings(name="tiny", flavor="tiny", latent=(2, 8, 8), batch=2, text_len=8, context_dim=32,
                                in_channels=4, precision="fp32", compile=False, steps=2, warmup=1, profile=a.profile,
-                               packed=a.packed)]
+                               packed=a.packed, float8=a.float8, float8_modules=a.float8_modules)]
     else:
         cases = [BenchSettings(name=a.flavor, flavor=a.flavor, original=a.original, layers=a.layers, latent=a.latent,
                                batch=a.batch, packed=a.packed, text_len=a.text_len, precision=a.precision,
-                               compile=a.compile, ac=a.ac, sdpa=a.sdpa, optimizer=a.optimizer, fuse_qkv=a.fuse_qkv, steps=a.steps,
-                               warmup=a.warmup, profile=a.profile)]
+                               compile=a.compile, compile_mode=a.compile_mode, float8=a.float8,
+                               float8_modules=a.float8_modules, ac=a.ac, sdpa=a.sdpa, optimizer=a.optimizer,
+                               fuse_qkv=a.fuse_qkv, steps=a.steps, warmup=a.warmup, profile=a.profile)]
     env = environment(device, a.commit)
     results = []
     for c in cases:
