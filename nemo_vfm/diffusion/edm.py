@@ -7,30 +7,20 @@ Legend: x0 clean latents (B, C, T, H, W); sigma (B,) noise levels; D(x; sigma) t
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-
-def _bcast(v_B: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return v_B.reshape(-1, *([1] * (like.dim() - 1))).to(like.dtype)
-
-
-def masked_mean(err: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean of ``err (B, C, T, H, W)`` over positions where ``loss_mask`` (broadcastable, e.g. ``(B, 1, T, H, W)``
-    or ``(B, T, H, W)``) is nonzero."""
-    if loss_mask is None:
-        return err.mean()
-    m = loss_mask.to(err.dtype)
-    if m.dim() == err.dim() - 1:
-        m = m.unsqueeze(1)
-    m = m.expand_as(err)
-    return (err * m).sum() / m.sum().clamp_min(1)
+from nemo_vfm.diffusion.training import TrainingInput, masked_mean, masked_share
+from nemo_vfm.diffusion.training import bcast as _bcast
 
 
 @dataclass(kw_only=True)
 class EDM:
     """EDM objective. ``p_mean``/``p_std`` set the log-normal training sigmas; ``sigma_min``/``sigma_max``
     bound sampling. Video models often train with a higher ``p_mean`` (e.g. 0.0 instead of -1.2)."""
+
+    LOG_NAMES: ClassVar[tuple[str, ...]] = ("mse", "sigma_mean_log")  # the logs of loss_from_output, in order
 
     sigma_data: float = 0.5
     p_mean: float = -1.2
@@ -70,17 +60,45 @@ class EDM:
     def loss_weight(self, sigma: torch.Tensor) -> torch.Tensor:
         return (sigma**2 + self.sigma_data**2) / (sigma * self.sigma_data) ** 2
 
+    def training_input(self, x0: torch.Tensor, generator: torch.Generator | None = None) -> TrainingInput:
+        """Draw one sigma per sample and Gaussian noise per element (in that order): the network input
+        ``c_in * (x0 + sigma * n)`` and time input ``c_noise (B,)``, with what the loss needs."""
+        sigma = self.sample_sigma(x0.shape[0], generator, x0.device)
+        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        x_t = x0 + noise * _bcast(sigma, x0)
+        _, _, c_in, c_noise = self.precondition(sigma.to(torch.float32))
+        return TrainingInput(x=x_t * _bcast(c_in, x_t), timesteps=c_noise, x0=x0, x_t=x_t, noise=noise, level=sigma)
+
+    def _errors(self, out: torch.Tensor, inp: TrainingInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weighted and plain squared errors ``(B, C, T, H, W)`` (fp32) of the denoiser built on ``out``."""
+        x = inp.x_t
+        c_skip, c_out, _, _ = self.precondition(inp.level.to(torch.float32))
+        out = out[:, : x.shape[1]]  # learned-sigma networks return (mean, variance) channels
+        denoised = _bcast(c_skip, x) * x + _bcast(c_out, x) * out.to(x.dtype)
+        sq = (denoised.float() - inp.x0.float()) ** 2
+        return _bcast(self.loss_weight(inp.level), inp.x0) * sq, sq
+
+    def loss_from_output(self, out: torch.Tensor, inp: TrainingInput,
+                         loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """Weighted denoising loss (scalar) and logs (:attr:`LOG_NAMES`) from the network output ``out``
+        for ``inp.x`` (``(B, C_out, T, H, W)``)."""
+        err, sq = self._errors(out, inp)
+        loss = masked_mean(err, loss_mask)
+        with torch.no_grad():
+            unweighted = masked_mean(sq, loss_mask)
+        return loss, {"mse": unweighted, "sigma_mean_log": inp.level.log().mean()}
+
+    def micro_batch_loss(self, out_mb: torch.Tensor, inp: TrainingInput, loss_mask: torch.Tensor | None,
+                         index: torch.Tensor) -> torch.Tensor:
+        """Samples ``index``'s share of :meth:`loss_from_output`'s loss, from their output ``out_mb``."""
+        err, _ = self._errors(out_mb, inp.rows(index))
+        return masked_share(err, loss_mask, index, inp.x0.shape)
+
     def training_loss(self, net, x0: torch.Tensor, cond: dict, loss_mask: torch.Tensor | None = None,
                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
         """Weighted denoising loss (scalar) and logs. One sigma per sample, Gaussian noise per element."""
-        sigma = self.sample_sigma(x0.shape[0], generator, x0.device)
-        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
-        denoised = self.denoise(net, x0 + noise * _bcast(sigma, x0), sigma, cond)
-        err = _bcast(self.loss_weight(sigma), x0) * (denoised.float() - x0.float()) ** 2
-        loss = masked_mean(err, loss_mask)
-        with torch.no_grad():
-            unweighted = masked_mean((denoised.float() - x0.float()) ** 2, loss_mask)
-        return loss, {"mse": unweighted, "sigma_mean_log": sigma.log().mean()}
+        inp = self.training_input(x0, generator)
+        return self.loss_from_output(net(inp.x, inp.timesteps, **cond), inp, loss_mask)
 
     # -- sampling -----------------------------------------------------------------------------------
     def denoiser(self, net, cond: dict, uncond: dict | None = None, guidance: float = 1.0):
@@ -132,9 +150,11 @@ class DDPMPrecond(EDM):
         c_noise = (sigma.double()[:, None] - u[None]).abs().argmin(dim=1).to(sigma.dtype)
         return torch.ones_like(sigma), -sigma, 1 / (sigma**2 + 1).sqrt(), c_noise
 
-    def training_loss(self, *args, **kwargs):
+    def training_input(self, *args, **kwargs):
         raise NotImplementedError("DDPMPrecond is for sampling pretrained epsilon-prediction networks; train with EDM "
                                   "or FlowMatching")
+
+    training_loss = training_input
 
     def sampling_range(self) -> tuple[float, float]:
         u = self._u("cpu")

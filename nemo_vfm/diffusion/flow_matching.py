@@ -7,14 +7,18 @@ The network receives ``t`` itself as its time input (the DiT scales it by ``time
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from nemo_vfm.diffusion.edm import _bcast, masked_mean
+from nemo_vfm.diffusion.training import TrainingInput, masked_mean, masked_share
+from nemo_vfm.diffusion.training import bcast as _bcast
 
 
 @dataclass(kw_only=True)
 class FlowMatching:
+    LOG_NAMES: ClassVar[tuple[str, ...]] = ("mse", "t_mean")  # the logs of loss_from_output, in order
+
     logit_mean: float = 0.0
     logit_std: float = 1.0
     shift: float = 1.0
@@ -34,15 +38,35 @@ class FlowMatching:
         out = net(x, t.to(torch.float32), **cond)
         return out[:, : x.shape[1]].to(x.dtype)
 
-    def training_loss(self, net, x0: torch.Tensor, cond: dict, loss_mask: torch.Tensor | None = None,
-                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    def training_input(self, x0: torch.Tensor, generator: torch.Generator | None = None) -> TrainingInput:
+        """Draw one time per sample and Gaussian noise per element (in that order): the network input
+        ``x_t = (1 - t) x0 + t n`` and time input ``t (B,)``, with what the loss needs."""
         t = self.sample_time(x0.shape[0], generator, x0.device)
         noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
         tb = _bcast(t, x0)
         xt = (1 - tb) * x0 + tb * noise
-        err = (self.velocity(net, xt, t, cond).float() - (noise - x0).float()) ** 2
-        loss = masked_mean(err, loss_mask)
-        return loss, {"mse": loss.detach(), "t_mean": t.mean()}
+        return TrainingInput(x=xt, timesteps=t.to(torch.float32), x0=x0, x_t=xt, noise=noise, level=t)
+
+    def _errors(self, out: torch.Tensor, inp: TrainingInput) -> torch.Tensor:
+        """Squared velocity errors ``(B, C, T, H, W)`` (fp32) against the target ``n - x0``."""
+        v = out[:, : inp.x_t.shape[1]].to(inp.x_t.dtype)
+        return (v.float() - (inp.noise - inp.x0).float()) ** 2
+
+    def loss_from_output(self, out: torch.Tensor, inp: TrainingInput,
+                         loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """Velocity loss (scalar) and logs (:attr:`LOG_NAMES`) from the network output ``out`` for ``inp.x``."""
+        loss = masked_mean(self._errors(out, inp), loss_mask)
+        return loss, {"mse": loss.detach(), "t_mean": inp.level.mean()}
+
+    def micro_batch_loss(self, out_mb: torch.Tensor, inp: TrainingInput, loss_mask: torch.Tensor | None,
+                         index: torch.Tensor) -> torch.Tensor:
+        """Samples ``index``'s share of :meth:`loss_from_output`'s loss, from their output ``out_mb``."""
+        return masked_share(self._errors(out_mb, inp.rows(index)), loss_mask, index, inp.x0.shape)
+
+    def training_loss(self, net, x0: torch.Tensor, cond: dict, loss_mask: torch.Tensor | None = None,
+                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+        inp = self.training_input(x0, generator)
+        return self.loss_from_output(net(inp.x, inp.timesteps, **cond), inp, loss_mask)
 
     def sample(self, net, shape, cond: dict, uncond: dict | None = None, guidance: float = 1.0, num_steps: int = 50,
                sampler: str = "euler", generator=None, device=None, progress: bool = False, **_):
