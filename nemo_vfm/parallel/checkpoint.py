@@ -10,6 +10,12 @@ DCP reads whichever pieces each rank needs.
     fut = save(path, model, optimizer, async_=True) # returns a future; fut.result() before the next save
     load(path, model, optimizer)                    # all ranks, any layout
     export_safetensors(path, "model.safetensors")   # one process, no GPU needed
+
+``model`` is a module, or this rank's pipeline stages (a list, several per rank under the interleaved
+schedule). Stages save their optimizer state *flattened*, one entry per parameter name
+(``optim.state.<name>.exp_avg``, ``optim.param_groups.<name>.lr``), so that every rank writes the
+entries of its own stages, and loads into any layout; a single module keeps torch's nested format,
+which loads into a module or one stage per rank.
 """
 
 from __future__ import annotations
@@ -28,33 +34,111 @@ def _modules(model) -> list[nn.Module]:
     return list(model) if isinstance(model, (list, tuple)) else [model]
 
 
-def _model_state(model) -> dict:
+def stage_prefixes(root: nn.Module) -> list[str]:
+    """Paths of the :class:`~nemo_vfm.parallel.pipeline.StageList` modules under ``root`` ("" = root)."""
+    from nemo_vfm.parallel.pipeline import StageList
+
+    return [name for name, m in root.named_modules() if isinstance(m, StageList)]
+
+
+def canonical_name(fqn: str, prefixes: list[str]) -> str:
+    """``fqn`` without its stage-list index: ``model.1.blocks.3.w`` -> ``model.blocks.3.w``."""
+    for p in prefixes:
+        head = p + "." if p else ""
+        if fqn.startswith(head):
+            index, _, rest = fqn[len(head):].partition(".")
+            if index.isdigit():
+                return head + rest
+    return fqn
+
+
+def canonical_state(state: dict, prefixes: list[str], *, flat_optimizer: bool = False) -> tuple[dict, dict]:
+    """``state`` keyed by canonical names (of duplicated entries, the first stage's copy) and the map
+    original key -> canonical key. ``flat_optimizer``: keys are ``state.<fqn>.<k>`` / ``param_groups.<fqn>.<k>``."""
+    out, names = {}, {}
+    for key, v in state.items():
+        if flat_optimizer:
+            section, _, fqn = key.partition(".")
+            names[key] = f"{section}.{canonical_name(fqn, prefixes)}"
+        else:
+            names[key] = canonical_name(key, prefixes)
+        out.setdefault(names[key], v)
+    return out, names
+
+
+def original_keys(loaded: dict, names: dict) -> dict:
+    """Undo :func:`canonical_state` after loading; each copy of a duplicated tensor gets its own clone."""
+    out, seen = {}, set()
+    for key, c in names.items():
+        v = loaded[c]
+        out[key] = v.clone() if c in seen and torch.is_tensor(v) else v
+        seen.add(c)
+    return out
+
+
+def model_state(root: nn.Module, options=None) -> tuple[dict, dict]:
+    """``root``'s model state dict under canonical names, and the key map (see :func:`canonical_state`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = {}
-    for m in _modules(model):  # pipeline stages: disjoint names, except duplicated conditioning (same values)
-        for k, v in get_model_state_dict(m).items():
-            state.setdefault(k, v)
-    return state
+    return canonical_state(get_model_state_dict(root, options=options), stage_prefixes(root))
 
 
-def _optim_state(model, optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def flat_optimizer_state(root: nn.Module, optimizer, options=None) -> tuple[dict, dict]:
+    """``optimizer``'s state, flattened per parameter name (canonical), and the key map."""
+    import dataclasses
 
-    mods = _modules(model)
-    if len(mods) != 1:
-        raise NotImplementedError("optimizer state for several pipeline stages on one rank is not supported yet; "
-                                  "save the model only or use one stage per rank.")
-    return get_optimizer_state_dict(mods[0], optimizer)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = dataclasses.replace(options or StateDictOptions(), flatten_optimizer_state_dict=True)
+    return canonical_state(get_optimizer_state_dict(root, optimizer, options=options), stage_prefixes(root),
+                           flat_optimizer=True)
+
+
+def set_states(root: nn.Module, optimizer, model_sd: dict, model_names: dict, optim_sd: dict | None = None,
+               optim_names: dict | None = None, *, strict: bool = True) -> None:
+    """Load canonical-keyed model (and flattened optimizer) states into ``root`` and ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    set_model_state_dict(root, original_keys(model_sd, model_names), options=StateDictOptions(strict=strict))
+    if optimizer is not None:
+        set_optimizer_state_dict(root, optimizer, original_keys(optim_sd, optim_names),
+                                 options=StateDictOptions(flatten_optimizer_state_dict=True))
+
+
+def _root(model) -> nn.Module:
+    from nemo_vfm.parallel.pipeline import StageList
+
+    return StageList(model) if isinstance(model, (list, tuple)) else model
 
 
 def state_dict(model, optimizer=None, extra: dict | None = None) -> dict:
-    state = {MODEL_KEY: _model_state(model)}
+    """What :func:`save` writes: ``{"model": ..., "optim": ..., **extra}``."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    root = _root(model)
+    state = {MODEL_KEY: model_state(root)[0]}
     if optimizer is not None:
-        state[OPTIM_KEY] = _optim_state(model, optimizer)
+        stages = isinstance(model, (list, tuple))
+        state[OPTIM_KEY] = flat_optimizer_state(root, optimizer)[0] if stages else get_optimizer_state_dict(root, optimizer)
     if extra:
         state.update(extra)
     return state
+
+
+def saved_flat_optimizer(path: str | os.PathLike, key: str = OPTIM_KEY) -> bool:
+    """Whether the optimizer state under ``key`` in the checkpoint is flattened per parameter name (torch's
+    nested format has a ``<key>.param_groups.<i>.params`` list per group)."""
+    import re
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    nested = re.compile(rf"{re.escape(key)}\.param_groups\.\d+\.params")
+    return not any(nested.fullmatch(k) for k in keys)
 
 
 def save(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None = None, async_: bool = False):
@@ -75,24 +159,33 @@ def save(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None =
 
 
 def load(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None = None, strict: bool = True) -> None:
-    """Load a checkpoint written by :func:`save` under any layout into ``model`` (and ``optimizer``)."""
+    """Load a checkpoint written by :func:`save` under any layout into ``model`` (and ``optimizer``).
+
+    Flattened optimizer state (saved from stages) loads into any layout; a single module's nested state
+    loads into a module or one stage per rank."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     path = Path(path)
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"{path} is not a complete distributed checkpoint (no .metadata); pick another one.")
-    state = state_dict(model, optimizer, extra)
+    root, mods = _root(model), _modules(model)
+    saved_flat = optimizer is not None and saved_flat_optimizer(path)
+    if optimizer is not None and not saved_flat and len(mods) > 1:
+        raise ValueError(f"{path} holds one module's optimizer state (torch's nested format), which does not split "
+                         f"over the {len(mods)} pipeline stages of this rank; load the weights only (optimizer=None) "
+                         "or use one stage per rank.")
+    msd, mnames = model_state(root)
+    state = {MODEL_KEY: msd, **(extra or {})}
+    if saved_flat:
+        state[OPTIM_KEY], onames = flat_optimizer_state(root, optimizer)
+    elif optimizer is not None:
+        state[OPTIM_KEY] = get_optimizer_state_dict(mods[0], optimizer)
     dcp.load(state, checkpoint_id=str(path))
-    mods = _modules(model)
-    for m in mods:
-        own = set(m.state_dict().keys())
-        sub = {k: v for k, v in state[MODEL_KEY].items() if k in own}
-        set_model_state_dict(m, sub, options=StateDictOptions(strict=strict and len(mods) == 1))
+    if saved_flat:
+        set_states(root, optimizer, state[MODEL_KEY], mnames, state[OPTIM_KEY], onames, strict=strict)
+        return
+    set_states(root, None, state[MODEL_KEY], mnames, strict=strict)
     if optimizer is not None:
         set_optimizer_state_dict(mods[0], optimizer, state[OPTIM_KEY])
 

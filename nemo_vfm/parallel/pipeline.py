@@ -22,6 +22,15 @@ from nemo_vfm.parallel.grads import _local, _matches, clean_name
 from nemo_vfm.parallel.mesh import ParallelMesh
 
 
+class StageList(nn.ModuleList):
+    """This rank's pipeline stages of one network (one per schedule slot, in stage order).
+
+    Each stage keeps the full model's parameter names; :mod:`nemo_vfm.parallel.checkpoint` drops the
+    list index from state-dict keys (``model.0.blocks.3.x`` -> ``model.blocks.3.x``), so a checkpoint
+    of stages reads like one of the whole network.
+    """
+
+
 def _schedule_class(name: str):
     from torch.distributed import pipelining as P
 
@@ -87,9 +96,9 @@ class PipelineRunner:
             return torch.stack([loss.detach() for loss in losses]).sum(), out
         return None, None
 
-    def broadcast_loss(self, loss: torch.Tensor | None, device) -> torch.Tensor:
-        """The last stage's loss on every pipeline rank."""
-        t = loss.detach().clone().float() if loss is not None else torch.zeros((), device=device)
+    def broadcast_loss(self, loss: torch.Tensor | None, device, shape: tuple[int, ...] = ()) -> torch.Tensor:
+        """The last stage's loss (or any float tensor of ``shape``, e.g. stacked logs) on every pipeline rank."""
+        t = loss.detach().clone().float() if loss is not None else torch.zeros(shape, device=device)
         src = dist.get_global_rank(self.pmesh.group("pp"), self.pmesh.size("pp") - 1)
         dist.broadcast(t, src=src, group=self.pmesh.group("pp"))
         return t

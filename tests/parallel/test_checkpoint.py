@@ -54,3 +54,38 @@ def test_resume_under_a_different_layout_and_export(tmp_path):
     assert err < 1e-5
     model = cfg.build("meta").to_empty(device="cpu")
     model.load_state_dict(weights)  # the export loads straight into the plain model
+
+
+def _stages_worker(rank, world, path):
+    from nemo_vfm.parallel.dims import ParallelDims
+
+    cfg = E.tiny_config()
+    problem = E.make_problem(cfg)
+
+    def build(**kw):
+        pmesh, mods, runner = E.build_parallel(cfg, problem, ParallelDims(world_size=world, **kw), torch.device("cpu"))
+        opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=0.5, momentum=MOMENTUM)
+        return pmesh, mods, runner, opt
+
+    # two stages per rank (interleaved): one step, then a save with the optimizer state (flattened per name)
+    interleaved = dict(pp=2, pp_schedule="interleaved")
+    pmesh, mods, runner, opt = build(**interleaved)
+    E.train_steps(mods, runner, pmesh, problem, opt, steps=1)
+    ckpt.save(path, mods, opt)
+    dist.barrier()
+    out = {}
+    for name, kw in {"interleaved": interleaved, "1f1b": dict(pp=2), "fsdp2": {}}.items():
+        pmesh, mods, runner, opt = build(**kw)
+        ckpt.load(path, mods if "pp" in kw else mods[0], opt)
+        out[name] = E.train_steps(mods, runner, pmesh, problem, opt, steps=2)["loss"]
+    return out
+
+
+def test_several_stages_per_rank_save_optimizer_state_and_resume_anywhere(tmp_path):
+    cfg = E.tiny_config()
+    ref = E.run_reference(cfg, E.make_problem(cfg), steps=3, momentum=MOMENTUM)["loss"]
+    results = run_distributed(_stages_worker, 2, str(tmp_path / "step=1"))
+    for name, losses in results[0].items():
+        for got, want in zip(losses, ref[1:]):
+            assert abs(got - want) / want < 1e-5, (name, losses, ref[1:])
+    assert set(ckpt.consolidated_state_dict(tmp_path / "step=1")) == set(cfg.build("meta").state_dict())
