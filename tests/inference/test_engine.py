@@ -94,8 +94,11 @@ def test_model_layout_errors_name_the_numbers():
     cfg = _net().cfg  # 4 heads, patch (1, 2, 2)
     with pytest.raises(ValueError, match="divisible by tensor parallel size tp=3"):
         check_model_layout(cfg, InferenceLayout(tp=3))
-    with pytest.raises(ValueError, match="9 video tokens per sample are not divisible by cp\\*tp\\(sp\\) = 4"):
-        check_model_layout(cfg, InferenceLayout(cp=4), (3, 2, 6))  # 9 tokens
+    check_model_layout(cfg, InferenceLayout(cp=4), (3, 2, 6))  # 9 tokens: the DiT pads them to 12
+    from nemo_vfm.models.stdit.flavors import stdit_config
+
+    with pytest.raises(ValueError, match="3 latent frames .* not divisible by cp=4"):  # ST-DiT splits whole frames
+        check_model_layout(stdit_config("tiny", in_channels=4, context_dim=16), InferenceLayout(cp=4), (3, 2, 6))
 
 
 def test_sizes_that_do_not_fit_the_tokenizer_or_cp_name_sizes_that_work():

@@ -36,7 +36,7 @@ def test_inconsistent_layouts(kw, words):
         ("7b", dict(tp=3), None, ["num_heads=32", "tp=3"]),
         ("7b", dict(pp=3), None, ["num_layers=28", "3 pipeline stages"]),
         ("7b", dict(pp=2, pp_schedule="interleaved", pp_virtual_stages=4), None, ["num_layers=28", "8 pipeline"]),
-        ("7b", dict(cp=2), (3, 10, 10), ["75 video tokens", "cp*tp(sp) = 2", "76"]),
+        ("7b", dict(cp=2, pp=2), (3, 10, 10), ["75 video tokens", "cp*tp(sp) = 2", "76"]),  # PP stages: no padding
         ("7b", dict(tp=8, cp=8, cp_kind="a2a"), None, ["heads per TP rank", "32/8 = 4", "cp=8"]),
     ],
 )
@@ -53,3 +53,4 @@ def test_model_does_not_divide(flavor, kw, latent, words):
 
 def test_good_layout_passes():
     P.check_layout(dit_config("7b"), ParallelDims(world_size=8, tp=2, cp=4, sequence_parallel=True), (16, 88, 160))
+    P.check_layout(dit_config("7b"), ParallelDims(world_size=2, cp=2), (3, 10, 10))  # 75 tokens: padded to 76

@@ -10,6 +10,13 @@ Token flow under CP (c = cp rank) and SP (t = tp rank), S = t*h*w video tokens::
     attention / MLP: all-gather over tp -> S/cp tokens -> (ring | all-to-all over cp) -> reduce-scatter
     final layer (local tokens) --gather tp, then cp--> unpatchify (all tokens)
 
+S that does not divide cp*tp(sp) is padded to the next multiple: the pad tokens form a segment of their
+own (segment ids for the CP cores, a block mask under SP alone), get identity RoPE, and are dropped on the
+gather, so they change neither the output nor the gradients. Packed THD batches (``seg_ids`` given) are
+cut into contiguous slices the same way (segments may straddle ranks; the packer pads N to a multiple of
+cp*tp(sp)): per-token modulation follows each local token's segment id, the CP cores get the slice's
+self-attention segment ids, and cross-attention gets a mask of the CP-local queries against the whole text.
+
 Gradient bookkeeping: the final gather hands each CP rank ``cp x`` its slice of the gradient and
 the data-parallel mean over ``dp x cp`` turns that into the sum; parameters replicated over TP
 that saw only local tokens/heads are summed over TP (``TP_PARTIAL``); conditioning embedders that
@@ -20,10 +27,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from nemo_vfm.models.common.packed import PackedAttention
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
@@ -53,27 +62,70 @@ BLOCK_PER_TOKEN_COND = ("c", "shared_adaln")  # split when per-token (B, S, D), 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
     """Fail before building anything if ``cfg`` (a DiTConfig) does not divide along ``dims``.
 
-    ``latent_shape``: (T, H, W) of the training latents, to check the token count against CP/SP.
+    ``latent_shape``: (T, H, W) of the training latents, to check the token count against CP/SP; a count
+    that does not divide is padded (masked out of attention, dropped on the gather), except under
+    pipeline parallelism, whose stages split the tokens themselves.
     """
     tokens = None
     if latent_shape is not None:
         pt, ph, pw = cfg.patch_size
         t, h, w = latent_shape
         tokens = (t // pt) * (h // ph) * (w // pw)
-    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens)
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=dims.pp == 1)
+
+
+KEEP = object()  # a block argument that passes through unchanged
+
+
+@dataclass
+class _ForwardViews:
+    """What one forward's blocks see of the split token stream; built at block 0, reused by the rest.
+
+    ``num_tokens``: S (or packed N) before padding; ``pad``: tokens appended so that S + pad divides
+    cp*tp(sp); ``core_seg (1, (S+pad)/cp)``: self-attention segment ids for the CP cores (None = no
+    mask); ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
+    ``seg_local (S_local,)``: the packed segment of each local token.
+    """
+
+    num_tokens: int
+    pad: int = 0
+    core_seg: torch.Tensor | None = None
+    attn_mask: object = KEEP
+    context_mask: object = KEEP
+    seg_local: torch.Tensor | None = None
 
 
 class _TokenParallel:
-    """Splits/gathers the DiT token stream over CP (and TP under SP) via forward hooks."""
+    """Splits/gathers the token stream over CP (and TP under SP) via forward hooks.
 
-    def __init__(self, pmesh: ParallelMesh):
+    Unpacked: a sequence that does not divide cp*tp(sp) is padded (``pad=True``) with tokens in a
+    segment of their own, which real tokens never attend to, and the pad is dropped on the gather.
+    Packed (``seg_ids`` given): the THD stream is cut into contiguous slices (segments may straddle
+    ranks); each rank gets its tokens' segment ids, self-attention segment ids for its CP cores and
+    a cross-attention mask of its queries against the whole text.
+    """
+
+    def __init__(self, pmesh: ParallelMesh, pad: bool = False):
         d = pmesh.dims
-        self.cp = d.cp
+        self.cp, self.split_size, self.pad = d.cp, d.token_split, pad
         self.cp_group = pmesh.group("cp") if d.cp > 1 else None
         self.cp_rank = pmesh.rank("cp") if d.cp > 1 else 0
         self.sp_group = pmesh.group("tp") if d.sequence_parallel else None
+        self.sp, self.sp_rank = (d.tp, pmesh.rank("tp")) if d.sequence_parallel else (1, 0)
+        self.views: _ForwardViews | None = None
+
+    def _padding(self, n: int) -> int:
+        pad = -n % self.split_size
+        if pad and not self.pad:
+            raise ValueError(f"{n} tokens are not divisible by cp*tp(sp) = {self.split_size}; choose a latent size "
+                             f"whose token count divides it ({n + pad} tokens) or change cp/tp.")
+        return pad
 
     def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's slice of ``x`` along ``dim`` (zero-padded to a multiple of cp*tp(sp) first)."""
+        pad = self._padding(x.shape[dim])
+        if pad:
+            x = torch.cat([x, x.new_zeros(x.shape[:dim] + (pad,) + x.shape[dim + 1:])], dim)
         if self.cp_group is not None:
             x = cpl.split_tokens(x, dim, self.cp_group)
         if self.sp_group is not None:
@@ -85,32 +137,84 @@ class _TokenParallel:
             x = cpl.gather_tokens(x, dim, self.sp_group)
         if self.cp_group is not None:
             x = cpl.gather_tokens(x, dim, self.cp_group, grad_scale=float(self.cp))
+        if self.views is not None and self.views.pad:
+            x = x.narrow(dim, 0, self.views.num_tokens)
         return x
 
+    def _local(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """This rank's slice of an index tensor (no autograd)."""
+        return t.chunk(self.cp, dim)[self.cp_rank].chunk(self.sp, dim)[self.sp_rank]
+
     def rope(self, rope):
-        if rope is None or self.cp_group is None:
+        """RoPE tables ``(1 or B, S, Dh/2)`` for the tokens attention sees here: padded (identity rotation),
+        then this CP rank's slice (attention runs on all SP ranks' tokens)."""
+        if rope is None:
             return rope
         cos, sin = rope
+        pad = self._padding(cos.shape[1])
+        if pad:
+            extra = cos.shape[:1] + (pad,) + cos.shape[2:]
+            cos, sin = torch.cat([cos, cos.new_ones(extra)], 1), torch.cat([sin, sin.new_zeros(extra)], 1)
+        if self.cp_group is None:
+            return cos, sin
         n = cos.shape[1] // self.cp
         return cos.narrow(1, self.cp_rank * n, n), sin.narrow(1, self.cp_rank * n, n)
 
-    def block_args(self, sig: inspect.Signature, args, kwargs, first: bool):
+    def _padded_views(self, x: torch.Tensor) -> _ForwardViews:
+        n = x.shape[1]
+        pad = self._padding(n)
+        if not pad:
+            return _ForwardViews(n)
+        seg = torch.cat([x.new_zeros(n, dtype=torch.long), x.new_ones(pad, dtype=torch.long)])  # pad: segment 1
+        if self.cp_group is not None:  # the CP cores mask by segment ids
+            return _ForwardViews(n, pad, core_seg=seg.chunk(self.cp)[self.cp_rank][None])
+        return _ForwardViews(n, pad, attn_mask=(seg[:, None] == seg[None, :])[None, None])
+
+    def _packed_views(self, a: dict) -> _ForwardViews:
+        n = a[BLOCK_TOKEN_ARGS[0]].shape[1]
+        if n % self.split_size:
+            raise ValueError(f"a packed batch of {n} tokens does not divide into cp*tp(sp) = {self.split_size} slices; "
+                             f"pad samples to a multiple of {self.split_size} (EnergonDataModule / "
+                             f"pack_samples pad_to_multiple).")
+        seg_local = self._local(a["seg_ids"])
+        if self.cp_group is None:  # SP only: attention gathers all tokens, the full masks apply
+            return _ForwardViews(n, seg_local=seg_local)
+        self_attn, cross = a.get("attn_mask"), a.get("context_mask")
+        if not isinstance(self_attn, PackedAttention):
+            raise NotImplementedError(
+                "packed batches under context parallelism need a PackedAttention self-attention mask, got "
+                f"{type(self_attn).__name__}: ST-DiT's CP splits whole frames of one grid and switches layouts by "
+                "all-to-all, which packed segments of different grids do not have; train packed ST-DiT batches "
+                "with TP/SP/FSDP, or unpacked batches with CP.")
+        lo = self.cp_rank * (n // self.cp)
+        hi = lo + n // self.cp
+        local_cross = cross.restrict_queries(lo, hi) if isinstance(cross, PackedAttention) else KEEP
+        return _ForwardViews(n, core_seg=self_attn.seg_q[lo:hi][None], attn_mask=None, context_mask=local_cross,
+                             seg_local=seg_local)
+
+    def block_args(self, sig: inspect.Signature, args, kwargs, first: bool, block: nn.Module | None = None):
         bound = sig.bind(*args, **kwargs)
         a = bound.arguments
-        if a.get("attn_mask") is not None or a.get("seg_ids") is not None:
-            raise NotImplementedError(
-                "packed (THD) batches under context/sequence parallelism are not wired into the DiT yet "
-                "(the ring/all-to-all kernels take segment ids); train packed batches with TP/FSDP/PP, "
-                "or unpacked batches with CP/SP."
-            )
+        packed = a.get("seg_ids") is not None
         if first:
+            self.views = self._packed_views(a) if packed else self._padded_views(a[BLOCK_TOKEN_ARGS[0]])
             for name in BLOCK_TOKEN_ARGS:
                 a[name] = self.split(a[name])
+        v = self.views
         for name in BLOCK_PER_TOKEN_COND:
             if a.get(name) is not None and a[name].dim() == 3:
                 a[name] = self.split(a[name])
         if "rope" in a:
             a["rope"] = self.rope(a["rope"])
+        for name in ("attn_mask", "context_mask"):
+            if getattr(v, name) is not KEEP and name in sig.parameters:
+                a[name] = getattr(v, name)
+        if packed:
+            a["seg_ids"] = v.seg_local
+        if block is not None:
+            for m in block.modules():
+                if isinstance(m, cpl.ContextParallelCore):
+                    m.segment_ids = v.core_seg
         return bound.args, bound.kwargs
 
 
@@ -119,7 +223,7 @@ def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
     sig = inspect.signature(blocks[0].forward)
 
     def pre(first):
-        return lambda mod, args, kwargs: tok.block_args(sig, args, kwargs, first)
+        return lambda mod, args, kwargs: tok.block_args(sig, args, kwargs, first, mod)
 
     for i, block in enumerate(blocks):
         block.register_forward_pre_hook(pre(i == 0), with_kwargs=True)
@@ -169,7 +273,7 @@ def parallelize_dit(
     if d.cp > 1:
         _replace_cores(owned, pmesh, attention_backend)
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
-        _install_token_hooks(model, _TokenParallel(pmesh))
+        _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)

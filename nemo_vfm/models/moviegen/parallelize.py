@@ -10,7 +10,8 @@ Pipeline parallelism: :func:`build_pipeline_stages` gives this rank's stages (co
 ranges; the patch embedding and position tables on the first stage, the final layer on the last,
 the timestep conditioning duplicated on every stage) for ``nemo_vfm.parallel.pipeline.PipelineRunner``.
 
-Not here: packed batches under CP/SP.
+Packed batches and token counts that do not divide cp*tp(sp) go through the DiT's token hooks
+(contiguous THD slices, segment ids for the CP cores, padding masked out and dropped).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         tokens = 1
         for n, p in zip(latent_shape, cfg.patch_size):
             tokens *= n // p
-    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens)
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens,
+                     pad_tokens=dims.pp == 1)  # padded under CP/SP, as for the DiT
 
 
 def parallelize_moviegen(
@@ -81,7 +83,7 @@ def parallelize_moviegen(
     if d.cp > 1:
         _replace_cores(blocks, pmesh, attention_backend)
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
-        _install_token_hooks(model, _TokenParallel(pmesh))
+        _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
     apply_activation_checkpointing(model.blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(model.blocks)
