@@ -10,6 +10,10 @@ Used by ``tests/parallel`` (gloo, CPU) and ``bench/parallel_equivalence.py`` (NC
 The objective is EDM's (preconditioning and loss weight) with noise levels and noise fixed in the
 problem, so that every layout sees the same numbers; SGD keeps weight differences proportional to
 gradient differences (Adam would amplify round-off in near-zero gradients).
+
+``make_packed_problem`` gives one packed THD batch instead (images and videos of several grids, padded
+per sample, segments straddling the CP boundaries); every data-parallel rank trains on that same
+batch. The model family (DiT, MovieGen) and its parallel plan follow from ``cfg``.
 """
 
 from __future__ import annotations
@@ -56,8 +60,82 @@ def make_problem(cfg, *, batch: int = 4, latent=(2, 4, 4), text_len: int = 5, se
             "latent": latent}
 
 
+PACKED_SHAPES = ((1, 4, 6), (3, 4, 4), (2, 6, 2), (1, 2, 2))  # latent (t, h, w) of the packed samples
+
+
+def make_packed_problem(cfg, *, shapes=PACKED_SHAPES, pad_to_multiple: int = 4, seed: int = 0) -> dict:
+    """Weights and one packed batch of ``shapes`` (in this order) with per-token EDM numbers.
+
+    With patch (1, 2, 2) and ``pad_to_multiple=4`` the segments span tokens 0:8, 8:20, 20:28, 28:32
+    (6, 12, 6 and 1 real tokens), so one segment straddles the middle (CP2) and others the CP4 cuts.
+    """
+    import copy
+
+    from nemo_vfm.data.batch import TokenSample, patchify
+    from nemo_vfm.data.packing import pack_samples
+    from nemo_vfm.diffusion.edm import EDM
+
+    torch.manual_seed(seed)
+    model = cfg.build("cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(seed + 1)
+    samples = []
+    for i, (t, h, w) in enumerate(shapes):
+        lat = torch.randn(cfg.in_channels, t, h, w, generator=g)
+        tokens, pos = patchify(lat, cfg.patch_size)
+        text = torch.randn(2 + i, cfg.context_dim or 1, generator=g)
+        samples.append(TokenSample(key=f"s{i}", tokens=tokens, pos_ids=pos, loss_mask=torch.ones(len(tokens)),
+                                   text=text, latent_shape=(cfg.in_channels, t, h, w), patch_size=cfg.patch_size,
+                                   fps=8.0 + i, num_real_tokens=len(tokens)))
+    batch = pack_samples(samples, pad_to_multiple)
+    edm = EDM()
+    sigma = edm.sample_sigma(batch.num_segments, g)[batch.seg_ids]  # (N,)
+    noise = torch.randn(batch.tokens.shape, generator=g)
+    c_skip, c_out, c_in, c_noise = edm.precondition(sigma)
+    return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "packed": copy.copy(batch),
+            "x0": batch.tokens, "x_noisy": batch.tokens + sigma[:, None] * noise, "c_skip": c_skip, "c_out": c_out,
+            "c_in": c_in, "c_noise": c_noise[batch.cu_seqlens[:-1].long()], "weight": edm.loss_weight(sigma),
+            "context": batch.text if cfg.context_dim else None}
+
+
+def packed_loss(out: torch.Tensor, b: dict) -> torch.Tensor:
+    """EDM loss of a packed problem given the network output ``out (N, P)``: mean over real tokens."""
+    denoised = b["c_skip"][:, None] * b["x_noisy"] + b["c_out"][:, None] * out.float()
+    err = b["weight"][:, None] * (denoised - b["x0"]) ** 2
+    mask = b["packed"].loss_mask.to(err.dtype)[:, None].expand_as(err)
+    return (err * mask).sum() / mask.sum()
+
+
 def _rows(problem: dict, sl: slice, device) -> dict:
-    return {k: (v[sl].to(device) if torch.is_tensor(v) and k != "state" else v) for k, v in problem.items()}
+    """This data-parallel rank's rows of an unpacked problem, or all of a packed one, on ``device``."""
+    import copy
+
+    if "packed" in problem:
+        sl = slice(None)
+    out = {k: (v[sl].to(device) if torch.is_tensor(v) and k != "state" else v) for k, v in problem.items()}
+    if "packed" in out:
+        out["packed"] = copy.copy(out["packed"]).to(device)
+    return out
+
+
+def forward_loss(model, b: dict) -> torch.Tensor:
+    """The loss of batch ``b`` (from :func:`_rows`) under ``model``: mean over samples, or over packed tokens."""
+    if "packed" in b:
+        x_in = b["x_noisy"] * b["c_in"][:, None]
+        out = model(x_in, b["c_noise"], context=b["context"], packed=b["packed"])
+        return packed_loss(out, b)
+    x_in, cond = _net_inputs(b)
+    out = model(x_in, b["c_noise"], **cond)
+    return per_sample_loss(out, b, torch.arange(x_in.shape[0], device=x_in.device)).mean()
+
+
+def plan_of(cfg):
+    """The parallel plan module of ``cfg``'s model family (``nemo_vfm.models.<family>.parallelize``)."""
+    import importlib
+
+    return importlib.import_module(type(cfg).__module__.rsplit(".", 1)[0] + ".parallelize")
 
 
 def per_sample_loss(out: torch.Tensor, b: dict, idx: torch.Tensor) -> torch.Tensor:
@@ -80,12 +158,10 @@ def run_reference(cfg, problem: dict, *, steps: int = 3, lr: float = 0.5, max_no
     model.load_state_dict(problem["state"])
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     b = _rows(problem, slice(None), device)
-    x_in, cond = _net_inputs(b)
     res = {"loss": [], "norm": [], "grads": []}
     for _ in range(steps):
         opt.zero_grad()
-        out = model(x_in, b["c_noise"], **cond)
-        loss = per_sample_loss(out, b, torch.arange(x_in.shape[0], device=x_in.device)).mean()
+        loss = forward_loss(model, b)
         loss.backward()
         res["grads"].append({n: p.grad.detach().float().cpu().clone() for n, p in model.named_parameters()})
         res["norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
@@ -115,9 +191,11 @@ def build_parallel(cfg, problem: dict, dims: ParallelDims, device, **parallelize
     """(pmesh, modules, runner or None) for ``dims``, loaded with the problem's weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from nemo_vfm.models.dit import parallelize as P
     from nemo_vfm.parallel.mesh import build_mesh
 
+    P = plan_of(cfg)
+    if dims.pp > 1 and "packed" in problem:
+        raise ValueError("packed problems run without pipeline parallelism (the stages take unpacked latents)")
     pmesh = build_mesh(dims, device.type)
     model = cfg.build("meta").to_empty(device=device)
     model.load_state_dict({k: v.to(device) for k, v in problem["state"].items()})
@@ -132,7 +210,7 @@ def build_parallel(cfg, problem: dict, dims: ParallelDims, device, **parallelize
         modules = stages
     else:
         runner = None
-        modules = [P.parallelize_dit(model, pmesh, **kw)]
+        modules = [P.parallelize(model, pmesh, **kw)]
     # a state dict saved from the plain model loads into any layout (exercised again by DCP tests)
     full = {k: v.to(device) for k, v in problem["state"].items()}
     for m in modules:
@@ -157,24 +235,22 @@ def run_layout(cfg, problem: dict, dims: ParallelDims, *, steps: int = 3, lr: fl
 def train_steps(modules, runner, pmesh, problem: dict, opt, *, steps: int, max_norm: float = 1.0,
                 device=None) -> dict:
     """``steps`` optimizer steps of the problem's batch under an already built layout."""
-    from nemo_vfm.models.dit import parallelize as P
-
+    P = plan_of(modules[0].cfg)
     device = torch.device(device or "cpu")
     B = problem["x0"].shape[0]
     dp, dp_rank = pmesh.size("dp"), pmesh.rank("dp")
-    if B % dp:
+    if B % dp and "packed" not in problem:
         raise ValueError(f"batch {B} is not divisible by {dp} data-parallel ranks.")
     n = B // dp
     b = _rows(problem, slice(dp_rank * n, (dp_rank + 1) * n), device)
-    x_in, cond = _net_inputs(b)
     res = {"loss": [], "norm": [], "grads": []}
     for _ in range(steps):
         opt.zero_grad()
         if runner is None:
-            out = modules[0](x_in, b["c_noise"], **cond)
-            loss = per_sample_loss(out, b, torch.arange(n, device=device)).mean()
+            loss = forward_loss(modules[0], b)
             loss.backward()
         else:
+            x_in, cond = _net_inputs(b)
             loss, _ = runner.step(x_in, lambda o, idx: per_sample_loss(o, b, idx).sum() / n,
                                   timesteps=b["c_noise"], **cond)
             loss = runner.broadcast_loss(loss, device)
