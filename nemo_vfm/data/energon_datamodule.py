@@ -11,6 +11,7 @@
 
 import json
 import logging
+import math
 import pickle
 from collections import deque
 from pathlib import Path
@@ -118,7 +119,9 @@ class EnergonDataModule(pl.LightningDataModule):
         micro_batch_size: bins per micro-batch (packing) or samples per bucket batch.
         patch_size: the DiT patch ``(pt, ph, pw)``.
         max_seq_length: bin capacity in tokens; ``None`` = no packing, resolution/length buckets.
-        pad_to_multiple: pad each sample's tokens to this multiple (e.g. TP*CP size).
+        pad_to_multiple: pad each sample's tokens to this multiple; when training under the strategy's
+            mesh it is raised to a multiple of cp*tp(sp), so that every packed sequence splits evenly
+            (:meth:`fit_layout`).
         packing_buffer_size: samples first-fit-decreasing sees at once.
         num_workers: loader worker processes per rank (0 = in the main process).
         shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs.
@@ -215,11 +218,31 @@ class EnergonDataModule(pl.LightningDataModule):
 
         return worker_config(self.num_workers, self.seed, self._mesh(), self.dp_dims)
 
+    def fit_layout(self, token_split: int) -> None:
+        """Make packed sequences divide into ``token_split`` = cp*tp(sp) slices: ``pad_to_multiple`` becomes
+        its least common multiple with ``token_split`` (logged); no-op without packing."""
+        if self.max_seq_length is None or self.pad_to_multiple % token_split == 0:
+            return
+        m = math.lcm(self.pad_to_multiple, token_split)
+        if self.max_seq_length % m:
+            raise ValueError(f"packed sequences must divide into cp*tp(sp) = {token_split} slices, so samples are "
+                             f"padded to a multiple of {m} (lcm with pad_to_multiple={self.pad_to_multiple}), but "
+                             f"max_seq_length={self.max_seq_length} is not a multiple of {m}; set "
+                             f"data.max_seq_length={self.max_seq_length // m * m or m}.")
+        log.info("pad_to_multiple %d -> %d so that packed sequences split over cp*tp(sp) = %d ranks",
+                 self.pad_to_multiple, m, token_split)
+        self.pad_to_multiple = self.task_encoder.pad_to_multiple = m
+
+    def _token_split(self) -> int:
+        dims = getattr(self._mesh(), "dims", None)  # a ParallelMesh carries its ParallelDims
+        return dims.token_split if dims is not None else 1
+
     # ---- loaders ----------------------------------------------------------------------------------------
     def build_loader(self):
         """A fresh Energon savable loader for this rank (restored if a checkpoint state is pending)."""
         from megatron.energon import get_savable_loader, get_train_dataset
 
+        self.fit_layout(self._token_split())
         wc = self.worker_config()
         ds = get_train_dataset(
             self.path, worker_config=wc, batch_size=self.micro_batch_size,

@@ -74,3 +74,25 @@ def test_loader_state_resumes_exact_samples(prepared):
     resumed = [next(it2) for _ in range(5)]
     assert [b.keys for b in resumed] == [b.keys for b in seen[3:]]
     torch.testing.assert_close(resumed[-1].tokens, seen[-1].tokens)
+
+
+def test_packing_pads_samples_to_the_cp_sp_split(prepared):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from nemo_vfm.parallel.dims import ParallelDims
+
+    kw = dict(micro_batch_size=1, pad_to_multiple=8, packing_buffer_size=6, shuffle_buffer_size=None)
+    dm = EnergonDataModule(str(prepared), max_seq_length=960, **kw)
+    dm.mesh = SimpleNamespace(dims=ParallelDims(world_size=6, cp=3, tp=2, sequence_parallel=True))
+    assert dm._token_split() == 6  # what build_loader fits the padding to
+    dm.fit_layout(4)
+    assert dm.pad_to_multiple == 8  # already a multiple
+    dm.fit_layout(6)
+    assert dm.pad_to_multiple == dm.task_encoder.pad_to_multiple == 24
+    dm.mesh = None
+    batches, _ = _take(dm, 2)
+    assert all(b.tokens.shape[0] % 6 == 0 and (torch.diff(b.cu_seqlens) % 24 == 0).all() for b in batches)
+    with pytest.raises(ValueError, match="max_seq_length=1024 is not a multiple of 24.*data.max_seq_length=1008"):
+        EnergonDataModule(str(prepared), max_seq_length=1024, **kw).fit_layout(6)
