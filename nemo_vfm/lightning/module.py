@@ -104,7 +104,8 @@ class DiffusionModule(L.LightningModule):
     def _packed_step(self, batch):
         from nemo_vfm.diffusion.packed import packed_training_loss
 
-        g = step_generator(self.seed, self.global_step, self.global_rank, batch.tokens.device)
+        dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
+        g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device)
         loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_segments)
         for k, v in logs.items():

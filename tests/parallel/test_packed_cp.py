@@ -104,3 +104,33 @@ def test_unsupported_packed_cases_name_the_fix():
     assert "NotImplementedError" in msgs["stdit"] and "ST-DiT" in msgs["stdit"], msgs
     assert "packed batch of 25 tokens" in msgs["indivisible"] and "cp*tp(sp) = 2" in msgs["indivisible"], msgs
     assert "pad_to_multiple" in msgs["indivisible"], msgs
+
+
+def _train_packed(rank, world, root, strategy_kw):
+    """Three steps of ``train()`` (AdamW) on one packed batch, repeated; returns the last loss."""
+    import lightning as L
+
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    class PackedData(L.LightningDataModule):
+        latent_shape, context_dim = (4, 3, 4, 4), 32
+
+        def train_dataloader(self):
+            from torch.utils.data import DataLoader
+
+            return DataLoader([E.make_packed_problem(E.tiny_config())["packed"]] * 4, batch_size=None)
+
+    strategy = VFMParallelStrategy(**strategy_kw) if strategy_kw else "auto"
+    trainer = TrainerConfig(max_steps=3, devices=world, accelerator="cpu", precision="32-true", strategy=strategy,
+                            log_every_n_steps=1, checkpoint_every_n_steps=5, enable_progress_bar=False)
+    return train(model=E.tiny_config(), data=PackedData(), trainer=trainer, ema_decay=None, cond_dropout=0.5,
+                 log=ExperimentConfig(name="packed", root=root, tensorboard=False))["loss"]
+
+
+def test_strategy_trains_packed_batches_under_cp_like_one_process(tmp_path):
+    """The Lightning path: noise and condition dropout drawn alike on CP peers, the model's CP hooks."""
+    single = _train_packed(0, 1, str(tmp_path / "single"), None)
+    kw = dict(context_parallel_size=2, fsdp=False, param_dtype=None)
+    parallel = run_distributed(_train_packed, 2, str(tmp_path / "cp2"), kw)
+    assert parallel[0] == pytest.approx(single, rel=1e-5) and parallel[1] == pytest.approx(single, rel=1e-5)
