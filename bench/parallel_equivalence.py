@@ -3,6 +3,12 @@
     torchrun --nproc-per-node 2 bench/parallel_equivalence.py            # all 2-GPU layouts
     torchrun --nproc-per-node 4 bench/parallel_equivalence.py            # all 4-GPU layouts
     torchrun --nproc-per-node 2 bench/parallel_equivalence.py --device cpu   # gloo, for a dry run
+    torchrun --nproc-per-node 4 bench/parallel_equivalence.py --problem packed   # one packed THD batch
+    torchrun --nproc-per-node 4 bench/parallel_equivalence.py --problem padded   # 45 tokens, padded under CP/SP
+
+``--problem packed``: four images/videos of different grids in one THD sequence whose segments straddle the
+CP cuts; ``padded``: 3x3x5 = 45 latent tokens per sample, padded to a multiple of cp*tp(sp). Both skip the
+pipeline layouts (stages take unpacked latents and do not pad) and add the packed/padded-specific layouts.
 
 Rank 0 also runs the single-process reference (same device type, fp32, TF32 off), then prints a
 markdown table of max relative errors over 3 SGD steps (loss, gradient norm, gradients, weights)
@@ -40,13 +46,31 @@ LAYOUTS = {
         "TP4 (SP)": dict(tp=4, sequence_parallel=True), "FSDP4": dict(),
     },
 }
+EXTRA = {  # layouts that only the packed / padded problems add
+    2: {},
+    4: {"SP+TP2xCP2 ring": dict(tp=2, cp=2, sequence_parallel=True), "CP4 all-to-all": dict(cp=4, cp_kind="a2a")},
+}
+PADDED_LATENT = (3, 6, 10)  # patch (1, 2, 2): 45 tokens
 TOL = {"loss": 1e-4, "norm": 1e-4, "grads": 1e-3, "params": 1e-4}
+
+
+def problem_and_layouts(cfg, problem: str, world: int):
+    """The problem dict and the layouts to run for ``--problem``."""
+    layouts = dict(LAYOUTS[world])
+    if problem == "dense":
+        return E.make_problem(cfg), layouts
+    layouts = {n: kw for n, kw in {**layouts, **EXTRA[world]}.items() if kw.get("pp", 1) == 1}
+    if problem == "packed":
+        return E.make_packed_problem(cfg), layouts
+    return E.make_problem(cfg, latent=PADDED_LATENT), layouts
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--problem", choices=("dense", "packed", "padded"), default="dense",
+                    help="dense: a 2x4x4 latent batch; packed: one THD batch; padded: 45 tokens per sample")
     args = ap.parse_args()
     backend = "nccl" if args.device == "cuda" else "gloo"
     dist.init_process_group(backend)
@@ -56,11 +80,10 @@ def main() -> int:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    layouts = LAYOUTS.get(world)
-    if layouts is None:
+    if world not in LAYOUTS:
         raise SystemExit(f"no layouts defined for {world} processes; run with 2 or 4")
     cfg = E.tiny_config()
-    problem = E.make_problem(cfg)
+    problem, layouts = problem_and_layouts(cfg, args.problem, world)
     ref = E.run_reference(cfg, problem, steps=args.steps, device=device) if rank == 0 else None
     rows = []
     for name, kw in layouts.items():
@@ -80,9 +103,11 @@ def main() -> int:
         out = Path(os.environ.get("OUT", "bench/results"))
         out.mkdir(parents=True, exist_ok=True)
         result = {"world_size": world, "backend": backend, "device": dev, "torch": torch.__version__,
-                  "steps": args.steps, "tolerance": TOL, "layouts": rows}
-        (out / f"parallel_equivalence_{world}{args.device}.json").write_text(json.dumps(result, indent=1))
-        print(f"\n| layout ({world}x {dev}, {backend}) | loss | grad norm | grads | weights | ok |\n|---|---|---|---|---|---|")
+                  "problem": args.problem, "steps": args.steps, "tolerance": TOL, "layouts": rows}
+        suffix = "" if args.problem == "dense" else f"_{args.problem}"
+        (out / f"parallel_equivalence_{world}{args.device}{suffix}.json").write_text(json.dumps(result, indent=1))
+        print(f"\n| layout ({world}x {dev}, {backend}, {args.problem}) | loss | grad norm | grads | weights | ok |\n"
+              "|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['layout']} | {r['loss']:.1e} | {r['norm']:.1e} | {r['grads']:.1e} | {r['params']:.1e} | "
                   f"{'yes' if r['ok'] else 'NO'} |")
