@@ -111,7 +111,7 @@ class FactorizedCPCore(nn.Module):
         if mask is not None:
             raise NotImplementedError(
                 "packed (THD) batches under context parallelism are not supported for ST-DiT; train packed "
-                "batches with TP/FSDP, or unpacked batches with CP.")
+                "batches with TP/SP/FSDP, or unpacked batches with CP.")
         if self.axis == "spatial":  # whole frames are local
             return self.inner(q, k, v, hw)
         if self.mode == "hybrid":

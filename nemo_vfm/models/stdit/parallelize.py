@@ -8,7 +8,9 @@ Context parallel (the hybrid scheme): tokens are split over CP ranks in whole fr
 by all-to-all and runs locally, full attention (if any) runs on the ring
 (``nemo_vfm.parallel.hybrid_cp``). ``factorized_cp="ring"`` gives the plain-ring baseline.
 
-Not here: pipeline parallelism and packed batches under CP/SP (both raise ``NotImplementedError``).
+Not here: pipeline parallelism and packed batches under CP (both raise ``NotImplementedError``: the
+frame-wise CP split and its all-to-all layout switch assume one grid, packed segments have many).
+Packed batches under SP go through the DiT's token hooks.
 """
 
 from __future__ import annotations
