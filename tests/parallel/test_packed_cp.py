@@ -3,7 +3,8 @@
 Packed: four images/videos of different grids in one THD sequence of 32 tokens whose segments straddle
 the CP cuts (``equivalence.make_packed_problem``). Padded: 3x3x5 = 45 latent tokens per sample, padded
 to 46 (CP2, SP2) or 48 (CP4, CP2 x SP2). Losses, gradient norms, gradients (3 SGD steps) and final
-weights are compared with the single-process run; one spawn per world size runs all of its cases.
+weights are compared with the single-process run (also under activation checkpointing, whose recompute
+re-runs the block hooks); one spawn per world size runs all of its cases.
 """
 
 import pytest
@@ -22,6 +23,9 @@ CASES_2 = {
     "MovieGen packed CP2 ring": ("moviegen", "packed", dict(cp=2)),
     "MovieGen padded CP2 all-to-all": ("moviegen", "padded", dict(cp=2, cp_kind="a2a")),
     "ST-DiT packed SP+TP2": ("stdit", "packed", dict(tp=2, sequence_parallel=True)),
+    "DiT packed CP2 ring + full AC": ("dit", "packed", dict(cp=2, activation_checkpointing="full")),
+    "DiT padded SP+TP2 + selective-op AC": ("dit", "padded", dict(tp=2, sequence_parallel=True,
+                                                                  activation_checkpointing="selective_op")),
 }
 CASES_4 = {
     "DiT packed SP+TP2xCP2 ring": ("dit", "packed", dict(tp=2, cp=2, sequence_parallel=True)),
@@ -54,7 +58,9 @@ def _worker(rank, world, cases):
     out = {}
     for name, (family, kind, kw) in cases.items():
         cfg, problem = _problem(family, kind)
-        out[name] = E.run_layout(cfg, problem, ParallelDims(world_size=world, **kw))
+        dims = {k: v for k, v in kw.items() if k != "activation_checkpointing"}
+        extra = {k: v for k, v in kw.items() if k == "activation_checkpointing"}
+        out[name] = E.run_layout(cfg, problem, ParallelDims(world_size=world, **dims), **extra)
     return out
 
 
