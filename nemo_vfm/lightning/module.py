@@ -113,12 +113,20 @@ class DiffusionModule(L.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.num_segments)
         return loss
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """The optimizer step, then the EMA update: both before the callbacks' ``on_train_batch_end`` (where
+        checkpoints are written), so that a checkpoint holds the EMA of its step and a resumed run's EMA
+        follows the uninterrupted one's."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self._update_ema(self.global_step + 1)  # global_step counts this step once the hook returns
+
     @torch.no_grad()
-    def on_train_batch_end(self, outputs, batch, batch_idx):
+    def _update_ema(self, step: int) -> None:
+        """Move the EMA weights towards the model after optimizer step number ``step`` (1-based)."""
         if self.ema is None:
             return
         # Warm-up of the decay (as in many EMA implementations) so that early EMA tracks the model.
-        decay = min(self.ema_decay, (1 + self.global_step) / (10 + self.global_step))
+        decay = min(self.ema_decay, (1 + step) / (10 + step))
         ema_p = [p for p in self.ema.parameters()]
         model_p = [p.detach() for p in self.model.parameters()]
         torch._foreach_lerp_(ema_p, model_p, 1 - decay)

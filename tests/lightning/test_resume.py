@@ -1,5 +1,5 @@
 """Crash safety: a run killed with SIGKILL and started again continues from its last complete
-checkpoint, and with fixed seeds its later losses equal the uninterrupted run's."""
+checkpoint, and with fixed seeds its later losses, final weights and EMA weights equal the uninterrupted run's."""
 
 import os
 import signal
@@ -77,6 +77,12 @@ def test_sigkill_then_restart_matches_uninterrupted(tmp_path):
     assert latest_checkpoint(ckpts).name == f"step={steps:08d}.ckpt"
     for step in range(killed_at + 1, steps + 1):
         assert got_loss[step] == pytest.approx(ref_loss[step], rel=1e-6, abs=1e-7), step
+    final = f"run/checkpoints/step={steps:08d}.ckpt"  # the weights and the EMA weights too
+    want = torch.load(tmp_path / "ref" / final, weights_only=False)["state_dict"]
+    got = torch.load(tmp_path / "crash" / final, weights_only=False)["state_dict"]
+    assert any(k.startswith("ema.") for k in want)
+    for k, v in want.items():
+        assert torch.allclose(got[k], v, rtol=1e-6, atol=1e-8), k
 
 
 def test_atomic_save_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
