@@ -11,8 +11,8 @@ Token flow under CP (c = cp rank) and SP (t = tp rank), S = t*h*w video tokens::
     final layer (local tokens) --gather tp, then cp--> unpatchify (all tokens)
 
 S that does not divide cp*tp(sp) is padded to the next multiple: the pad tokens form a segment of their
-own (segment ids for the CP cores, a block mask under SP alone), get identity RoPE, and are dropped on the
-gather, so they change neither the output nor the gradients. Packed THD batches (``seg_ids`` given) are
+own (segment ids for the CP cores; under SP alone a key mask hides them from real queries), get identity
+RoPE, and are dropped on the gather, so they change neither the output nor the gradients. Packed THD batches (``seg_ids`` given) are
 cut into contiguous slices the same way (segments may straddle ranks; the packer pads N to a multiple of
 cp*tp(sp)): per-token modulation follows each local token's segment id, the CP cores get the slice's
 self-attention segment ids, and cross-attention gets a mask of the CP-local queries against the whole text.
@@ -98,8 +98,8 @@ class _ForwardViews:
 class _TokenParallel:
     """Splits/gathers the token stream over CP (and TP under SP) via forward hooks.
 
-    Unpacked: a sequence that does not divide cp*tp(sp) is padded (``pad=True``) with tokens in a
-    segment of their own, which real tokens never attend to, and the pad is dropped on the gather.
+    Unpacked: a sequence that does not divide cp*tp(sp) is padded (``pad=True``) with tokens that real
+    tokens never attend to, and the pad is dropped on the gather.
     Packed (``seg_ids`` given): the THD stream is cut into contiguous slices (segments may straddle
     ranks); each rank gets its tokens' segment ids, self-attention segment ids for its CP cores and
     a cross-attention mask of its queries against the whole text.
@@ -168,7 +168,9 @@ class _TokenParallel:
         seg = torch.cat([x.new_zeros(n, dtype=torch.long), x.new_ones(pad, dtype=torch.long)])  # pad: segment 1
         if self.cp_group is not None:  # the CP cores mask by segment ids
             return _ForwardViews(n, pad, core_seg=seg.chunk(self.cp)[self.cp_rank][None])
-        return _ForwardViews(n, pad, attn_mask=(seg[:, None] == seg[None, :])[None, None])
+        # SP alone: attention sees all tokens; real queries must not see pad keys (pad queries may see anything:
+        # nothing real depends on them), so an O(S) key mask does
+        return _ForwardViews(n, pad, attn_mask=(seg == 0)[None, None, None, :])
 
     def _packed_views(self, a: dict) -> _ForwardViews:
         n = a[BLOCK_TOKEN_ARGS[0]].shape[1]
