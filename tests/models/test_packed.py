@@ -111,3 +111,20 @@ def test_varlen_backend_matches_mask_fallback():
     a = PackedAttention(*args, backend="varlen")(q, k, v)
     b = PackedAttention(*args, backend="mask")(q.float(), k.float(), v.float())
     torch.testing.assert_close(a.float(), b, atol=2e-2, rtol=2e-2)
+    for lo, hi in ((0, 28), (10, 40), (30, 56)):  # a CP rank's query slice: keys narrowed, cu_k from 0
+        part = PackedAttention(*args, backend="varlen").restrict_queries(lo, hi)
+        torch.testing.assert_close(part(q[:, :, lo:hi], k, v).float(), b[:, :, lo:hi], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 16), (16, 32), (8, 24), (20, 21), (0, 32)])
+def test_cross_attention_restricted_to_a_query_slice(lo, hi):
+    """A context-parallel rank's queries ``lo:hi`` (cutting segments anywhere) read what they read unsplit."""
+    batch = pack_samples([s for _, _, s in _samples()], pad_to_multiple=4)  # segments 0:8, 8:20, 20:28, 28:32
+    cross = packed_seqs(batch).cross_attn
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, batch.tokens.shape[0], 8, generator=g)
+    k, v = (torch.randn(1, 2, batch.text.shape[0], 8, generator=g) for _ in range(2))
+    part = cross.restrict_queries(lo, hi)
+    torch.testing.assert_close(part(q[:, :, lo:hi], k, v), cross(q, k, v)[:, :, lo:hi])
+    a, b = part.k_range
+    assert part.cu_q[-1] == hi - lo and part.cu_k[0] == 0 and part.cu_k[-1] == b - a
