@@ -107,7 +107,8 @@ def family_plan(model_or_config):
 def check_model_layout(model_config, layout: InferenceLayout, latent_thw: tuple[int, int, int] | None = None,
                        ) -> None:
     """Raise ``ValueError`` (naming the numbers) when the model or the latent size does not divide along the
-    layout: heads by TP (and CP for all-to-all), tokens by ``cp * tp``. Call before building anything."""
+    layout: heads by TP (and CP for all-to-all), tokens by ``cp * tp`` where the family cannot pad them
+    (ST-DiT; the DiT and MovieGen pad). Call before building anything."""
     plan = family_plan(model_config)
     plan.check_layout(model_config, layout.dims(model_config.num_heads), latent_thw)
 
