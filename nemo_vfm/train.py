@@ -15,6 +15,7 @@ last complete checkpoint when one exists, trains, and writes preview samples.
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,10 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         *trainer_cfg.callbacks,
     ]
     samples = None
-    if sampling.enabled and hasattr(data, "build_encoders"):
+    if sampling.enabled and hasattr(data, "build_encoders") and getattr(trainer_cfg.strategy, "pipeline_parallel", False):
+        warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
+                      "sample from the checkpoint with vfm generate", stacklevel=2)
+    elif sampling.enabled and hasattr(data, "build_encoders"):
         samples = SampleVideos(exp_dir, _sample_fn(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
         callbacks.append(samples)
     loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []

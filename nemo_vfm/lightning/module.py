@@ -3,8 +3,13 @@
 Batches are dicts: ``latents (B, C, T, H, W)`` plus conditioning (``context (B, L, D)``,
 ``context_mask (B, L)``, ``class_labels (B,)``, ``fps (B,)``) and an optional ``loss_mask``
 (``(B, T, H, W)``, 1 = counts). Randomness of each step (noise levels, noise, condition dropout)
-comes from a generator seeded by ``(seed, global_step, rank)``, so a resumed run draws exactly what
-the uninterrupted run would have drawn.
+comes from a generator seeded by ``(seed, global_step, data-parallel rank)``, so a resumed run draws
+exactly what the uninterrupted run would have drawn, and ranks that share samples (TP/CP/PP) draw alike.
+
+Under pipeline parallelism (a strategy with ``pipeline_parallel``; ``model`` and ``ema`` are then this
+rank's stages) the step draws the objective's network input, and the strategy's ``pipeline_step`` runs
+forward and backward through the stages with the objective's per-micro-batch loss; the loss and logs
+come from the last stage. Lightning's loop stays automatic (see ``optimizer_zero_grad``).
 """
 
 import copy
@@ -73,6 +78,12 @@ class DiffusionModule(L.LightningModule):
         """Build the network once (Lightning calls this on the target device / under the strategy)."""
         if self.model is not None:
             return
+        if getattr(self._trainer.strategy if self._trainer is not None else None, "pipeline_parallel", False):
+            missing = [a for a in ("training_input", "loss_from_output", "micro_batch_loss", "LOG_NAMES")
+                       if not hasattr(self.objective, a)]
+            if missing:
+                raise TypeError(f"pipeline parallelism needs an objective with {missing} (as EDM and FlowMatching "
+                                f"have); {type(self.objective).__name__} has not.")
         self.model = self.model_config.build()
         if self.ema_decay:
             self.ema = copy.deepcopy(self.model).requires_grad_(False)
@@ -84,8 +95,15 @@ class DiffusionModule(L.LightningModule):
     def num_classes(self) -> int | None:
         return getattr(self.model_config, "num_classes", 0) or None
 
+    @property
+    def _pipelined(self) -> bool:
+        return self._trainer is not None and getattr(self.trainer.strategy, "pipeline", None) is not None
+
     def training_step(self, batch: dict, batch_idx: int):
         if hasattr(batch, "cu_seqlens"):  # packed THD batch (nemo_vfm.data.batch.PackedBatch)
+            if self._pipelined:
+                raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism; "
+                                          "set data.max_seq_length=None or pipeline_model_parallel_size=1.")
             return self._packed_step(batch)
         x0 = batch["latents"]
         # TP/CP/PP peers work on the same samples: they must draw the same noise (seed by data-parallel rank)
@@ -93,13 +111,42 @@ class DiffusionModule(L.LightningModule):
         g = step_generator(self.seed, self.global_step, dp_rank, x0.device)
         cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
         cond = drop_condition(cond, self.cond_dropout, g, self.num_classes)
-        loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
+        if self._pipelined:
+            loss, logs = self._pipeline_loss(x0, cond, batch.get("loss_mask"), g)
+        else:
+            loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
         bs = x0.shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         for k, v in logs.items():
             self.log(f"train/{k}", v, batch_size=bs)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
         return loss
+
+    def _pipeline_loss(self, x0, cond: dict, loss_mask, g) -> tuple[torch.Tensor, dict]:
+        """Forward and backward through this rank's stages; the loss (sum of the micro-batch shares) and
+        the objective's logs, broadcast from the last stage so that every rank logs the same values."""
+        strategy = self.trainer.strategy
+        inp = self.objective.training_input(x0, g)
+        self.optimizers().optimizer.zero_grad()  # before the schedule's backward; Lightning's comes later
+
+        def loss_fn(out_mb, index_mb):
+            return self.objective.micro_batch_loss(out_mb, inp, loss_mask, index_mb)
+
+        loss, out = strategy.pipeline_step(inp.x, x0.shape[-3:], loss_fn, timesteps=inp.timesteps, **cond)
+        names = self.objective.LOG_NAMES
+        values = None
+        if out is not None:  # the last stage: logs of the merged output
+            with torch.no_grad():
+                logs = self.objective.loss_from_output(out, inp, loss_mask)[1]
+            values = torch.stack([loss.float(), *(logs[k].float() for k in names)])
+        values = strategy.pipeline.broadcast_loss(values, x0.device, shape=(1 + len(names),))
+        return values[0], dict(zip(names, values[1:]))
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
+        """Lightning zeroes gradients between ``training_step`` and ``backward``; under pipeline parallelism
+        the backward has already run inside ``training_step`` (which zeroed them first), so keep them."""
+        if not self._pipelined:
+            optimizer.zero_grad()
 
     def _packed_step(self, batch):
         from nemo_vfm.diffusion.packed import packed_training_loss
@@ -127,9 +174,13 @@ class DiffusionModule(L.LightningModule):
             return
         # Warm-up of the decay (as in many EMA implementations) so that early EMA tracks the model.
         decay = min(self.ema_decay, (1 + step) / (10 + step))
-        ema_p = [p for p in self.ema.parameters()]
-        model_p = [p.detach() for p in self.model.parameters()]
-        torch._foreach_lerp_(ema_p, model_p, 1 - decay)
+        from torch.distributed.tensor import DTensor
+
+        pairs = list(zip(self.ema.parameters(), self.model.parameters()))
+        for dtensor in (True, False):  # foreach kernels reject lists that mix DTensors (TP) and plain tensors
+            part = [(e, m.detach()) for e, m in pairs if isinstance(e, DTensor) == dtensor]
+            if part:
+                torch._foreach_lerp_([e for e, _ in part], [m for _, m in part], 1 - decay)
 
     def configure_optimizers(self):
         decay, no_decay = [], []
@@ -150,4 +201,9 @@ class DiffusionModule(L.LightningModule):
 
     def sampling_model(self) -> torch.nn.Module:
         """The EMA network when there is one, else the trained network."""
+        from nemo_vfm.parallel.pipeline import StageList
+
+        if isinstance(self.model, StageList):
+            raise RuntimeError("this rank holds pipeline stages, not the whole network; sample from a checkpoint "
+                               "instead (vfm generate --ckpt ...).")
         return self.ema if self.ema is not None else self.model

@@ -8,17 +8,28 @@ The layout is validated when processes are up and *before* the model is built (w
 layers); ranks left over after TP x CP x PP become data parallel (sharded with FSDP2 when
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
 The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies
-:func:`nemo_vfm.models.dit.parallelize.parallelize_dit` to it (and to its EMA copy) before Lightning
-creates the optimizer. After each backward the strategy completes the gradients that
-FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``), and gradient clipping uses the
-norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's distributed checkpoint
-format), loadable under another layout.
+the family's plan (e.g. :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it (and to its
+EMA copy) before Lightning creates the optimizer. After each backward the strategy completes the
+gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``), and gradient
+clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
+distributed checkpoint format), loadable under another layout.
 
-Pipeline parallelism is available as a library (``nemo_vfm.parallel.pipeline``) but not through
-this strategy yet: ``pipeline_model_parallel_size > 1`` raises ``NotImplementedError``.
+Pipeline parallelism (``pipeline_model_parallel_size > 1``, schedules ``1f1b``, ``interleaved``,
+``gpipe``; with TP/SP, CP, FSDP or DP where the family plan has pipeline stages: DiT, MovieGen):
+:meth:`setup` replaces the module's ``model`` and ``ema`` by this rank's stages
+(:class:`~nemo_vfm.parallel.pipeline.StageList`), cut from the network initialised as in one process,
+and the module's ``training_step`` runs forward and backward through :meth:`pipeline_step` (a
+``torch.distributed.pipelining`` schedule). Lightning's loop stays automatic: the strategy's
+``backward`` only finishes the gradients (duplicated conditioning summed over stages), and clipping,
+the optimizer and LR scheduler steps, ``global_step`` and checkpoints behave as without PP. Each rank
+saves its stages' weights and optimizer state (flattened per parameter name) under the whole
+network's names, so a PP checkpoint resumes under any pipeline layout and its weights load anywhere.
+Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_batches > 1``, and
+``save_distributed_checkpoint=False``; each fails before the model is built.
 """
 
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -68,11 +79,9 @@ class VFMParallelStrategy(ModelParallelStrategy):
     ) -> None:
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
-        if pipeline_model_parallel_size > 1:
-            raise NotImplementedError(
-                "pipeline parallelism is not wired into the Lightning strategy yet; use "
-                "nemo_vfm.parallel.pipeline.PipelineRunner directly (see docs/parallelism.md) or TP/CP/FSDP."
-            )
+        if pipeline_model_parallel_size > 1 and not save_distributed_checkpoint:
+            raise ValueError("pipeline_model_parallel_size > 1 needs save_distributed_checkpoint=True: every rank holds "
+                             "different stages, so no rank can write one consolidated checkpoint file.")
         from nemo_vfm.parallel.activation_checkpoint import MODES
 
         if activation_checkpointing not in MODES:
@@ -92,6 +101,13 @@ class VFMParallelStrategy(ModelParallelStrategy):
         )
         self.dims: ParallelDims | None = None
         self.parallel_mesh = None
+        self.pipeline = None  # the PipelineRunner of this rank's stages, under pipeline parallelism
+        self._stage_ids: list[int] = []
+
+    @property
+    def pipeline_parallel(self) -> bool:
+        """Whether the network is split into pipeline stages (``pipeline_model_parallel_size > 1``)."""
+        return self.layout["pp"] > 1
 
     # -- layout -------------------------------------------------------------------------------------
     def _dims_kwargs(self, world: int) -> dict:
@@ -130,6 +146,8 @@ class VFMParallelStrategy(ModelParallelStrategy):
             except (AttributeError, RuntimeError, TypeError):
                 pass
             check_layout(cfg, self.dims, latent, **self._family_kwargs(check_layout))  # before the model is built
+        if self.pipeline_parallel:
+            self._check_pipeline_support(cfg)
         self._setup_distributed()
         self.parallel_mesh = build_mesh(self.dims, self.root_device.type)
         self._device_mesh = self.parallel_mesh.world
@@ -144,56 +162,211 @@ class VFMParallelStrategy(ModelParallelStrategy):
         return {k: v for k, v in self.parallelize_kwargs.items() if k in params}
 
     def setup(self, trainer) -> None:
+        from nemo_vfm.parallel.pipeline import StageList
+
         module = self.lightning_module
         net = getattr(module, "model", None)
         if net is None:
             raise TypeError("VFMParallelStrategy needs a LightningModule whose configure_model() sets `.model`.")
-        self.plan = family_plan(net)
-        if not getattr(net, "_vfm_parallelized", False):
+        self.plan = family_plan(net[0] if isinstance(net, StageList) else net)
+        if self.pipeline_parallel and not isinstance(net, StageList):
+            self._build_stages(module)
+        elif not self.pipeline_parallel and not getattr(net, "_vfm_parallelized", False):
             self._parallelize(net)
             ema = getattr(module, "ema", None)
             if ema is not None:  # same layout, so that the EMA update is element-wise on local shards
                 self._parallelize(ema)
         super().setup(trainer)
+        if self.pipeline_parallel:  # after Lightning has moved the stages to the device
+            from nemo_vfm.parallel.pipeline import PipelineRunner
+
+            self.pipeline = PipelineRunner(list(module.model), self._stage_ids, self.parallel_mesh,
+                                           device=self.root_device, pp_duplicated=self.plan.PP_DUPLICATED)
         self._install_clipping()
 
     def _parallelize(self, net) -> None:
         device = self.root_device
-        if any(p.is_meta for p in net.parameters()):
-            net.to_empty(device=device)
-            net.init_weights()
+        self._materialize(net, device)
         net.to(device)
         self._broadcast_weights(net)
         self.plan.parallelize(net, self.parallel_mesh, **self._family_kwargs(self.plan.parallelize))
         net._vfm_parallelized = True
 
+    @staticmethod
+    def _materialize(net, device) -> None:
+        if any(p.is_meta for p in net.parameters()):
+            net.to_empty(device=device)
+            net.init_weights()
+
     @torch.no_grad()
     def _broadcast_weights(self, net) -> None:
-        """Make every rank start from rank 0's weights (before sharding, so layouts agree)."""
+        """Make every rank start from rank 0's weights (before sharding, so layouts agree). Tensors go
+        through the device one at a time (NCCL needs them there; a no-op where they already are)."""
         if torch.distributed.get_world_size() == 1:
             return
         for t in list(net.parameters()) + list(net.buffers()):
-            torch.distributed.broadcast(t.data, src=0)
+            data = t.data
+            buf = data.to(self.root_device)
+            torch.distributed.broadcast(buf, src=0)
+            if buf.data_ptr() != data.data_ptr():
+                data.copy_(buf)
 
     def _install_clipping(self) -> None:
         from nemo_vfm.parallel.grads import clip_grad_norm_
+        from nemo_vfm.parallel.pipeline import StageList
 
         strategy, duplicated = self, self.plan.PP_DUPLICATED
 
         def clip_grad_by_norm(optimizer, clip_val):
-            clip_grad_norm_(strategy.lightning_module.model, float(clip_val), strategy.parallel_mesh,
+            net = strategy.lightning_module.model
+            clip_grad_norm_(list(net) if isinstance(net, StageList) else net, float(clip_val), strategy.parallel_mesh,
                             pp_duplicated=duplicated)
 
         self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
-        out = super().backward(closure_loss, optimizer, *args, **kwargs)
         from nemo_vfm.parallel.grads import sync_grads
 
+        if self.pipeline is not None:
+            return self._pipeline_backward(closure_loss)
+        out = super().backward(closure_loss, optimizer, *args, **kwargs)
         sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.plan.TP_PARTIAL)
         return out
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None):
         # Our checkpoints carry config dataclasses in their hyper-parameters; they are trusted files
         # written by this code, as with the single-device path.
-        return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
+        weights_only = False if weights_only is None else weights_only
+        path = Path(self.broadcast(checkpoint_path))
+        flat = _flat_optimizer_state(path)
+        if self.pipeline_parallel:
+            return self._load_stages_checkpoint(path, flat, weights_only)
+        if flat:
+            raise ValueError(f"{path} was saved with pipeline parallelism (optimizer state flattened per parameter "
+                             "name); resume it with pipeline_model_parallel_size > 1, or load its weights only "
+                             "(nemo_vfm.inference.checkpoint).")
+        return super().load_checkpoint(path, weights_only=weights_only)
+
+    # -- pipeline parallelism -----------------------------------------------------------------------
+    def _check_pipeline_support(self, cfg) -> None:
+        """What pipeline parallelism cannot run, refused before the model is built."""
+        trainer = self.lightning_module.trainer
+        if cfg is not None and not hasattr(family_plan(cfg), "build_pipeline_stages"):
+            raise NotImplementedError(f"{type(cfg).__name__} has no pipeline stages; set pipeline_model_parallel_size=1 "
+                                      "and use TP/CP/FSDP.")
+        if getattr(self.precision_plugin, "scaler", None) is not None:
+            raise ValueError("precision '16-mixed' scales the loss with a GradScaler, which cannot reach the losses "
+                             "inside the pipeline schedule; use 'bf16-mixed' or '32-true' with pipeline parallelism.")
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(f"accumulate_grad_batches={trainer.accumulate_grad_batches} is not supported with pipeline "
+                             "parallelism (the schedule already accumulates micro-batches); set it to 1 and raise "
+                             "the batch size or microbatches instead.")
+        data = trainer.datamodule
+        if getattr(data, "max_seq_length", None) is not None:
+            raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism (the stages "
+                                      "take (B, C, T, H, W) latents); set data.max_seq_length=None or "
+                                      "pipeline_model_parallel_size=1.")
+        batch, n = getattr(data, "batch_size", None), self.dims.pp_microbatches or self.dims.num_stages
+        if isinstance(batch, int) and batch % n:
+            raise ValueError(f"batch_size={batch} per data-parallel rank does not split into {n} pipeline "
+                             f"micro-batches; make it a multiple of {n} or set microbatches to a divisor of it.")
+
+    def _build_stages(self, module) -> None:
+        """Replace ``module.model`` (and ``module.ema``) by this rank's parallelised stages, cut from the
+        network as initialised in ``configure_model`` (on the CPU, as in one process) after rank 0's
+        weights were broadcast; only the stages reach the device."""
+        from nemo_vfm.parallel.pipeline import StageList
+
+        kwargs = self._family_kwargs(self.plan.parallelize)
+        for name in ("model", "ema"):
+            net = getattr(module, name, None)
+            if net is None:
+                continue
+            self._materialize(net, torch.device("cpu"))
+            self._broadcast_weights(net)
+            stages, self._stage_ids = self.plan.build_pipeline_stages(net, self.parallel_mesh, **kwargs)
+            setattr(module, name, StageList(stages))
+
+    def pipeline_step(self, x: torch.Tensor, latent_thw: tuple[int, int, int], loss_fn, **cond):
+        """Forward and backward of one batch through this rank's stages.
+
+        ``x (B, C, T, H, W)``: the network input (used by the first stage); ``cond``: batch-first keyword
+        inputs for every stage (``timesteps (B,)``, ``context``...); ``loss_fn(out_mb, index_mb)``: a
+        micro-batch's share of the batch loss. Returns ``(loss, output (B, C_out, T, H, W))`` on the last
+        stage, ``(None, None)`` elsewhere; gradients are left in the stages' parameters.
+        """
+        n = self.pipeline.n_microbatches
+        if x.shape[0] % n:
+            raise ValueError(f"a batch of {x.shape[0]} samples per data-parallel rank does not split into {n} "
+                             f"pipeline micro-batches; make the batch size a multiple of {n}.")
+        for stage in self.pipeline.stages:
+            self.plan.set_stage_grid(stage, tuple(latent_thw))
+        return self.pipeline.step(x, loss_fn, **cond)
+
+    def _pipeline_backward(self, closure_loss):
+        """The schedule already ran backward inside ``training_step``: call Lightning's backward hooks,
+        then sum the duplicated conditioning over stages and finish TP/DP gradients."""
+        from nemo_vfm.parallel.grads import sync_grads
+
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
+        closure_loss = self.precision_plugin.post_backward(closure_loss, self.lightning_module)
+        self.pipeline.sync_duplicated_grads()
+        for stage in self.pipeline.stages:
+            sync_grads(stage, self.parallel_mesh, tp_partial=self.plan.TP_PARTIAL)
+        return closure_loss
+
+    def lightning_module_state_dict(self) -> dict:
+        if not self.pipeline_parallel:
+            return super().lightning_module_state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from nemo_vfm.parallel.checkpoint import model_state
+
+        return model_state(self.model, StateDictOptions(cpu_offload=True))[0]
+
+    def optimizer_state(self, optimizer) -> dict:
+        if not self.pipeline_parallel:
+            return super().optimizer_state(optimizer)
+        from lightning.pytorch.core.optimizer import LightningOptimizer
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from nemo_vfm.parallel.checkpoint import flat_optimizer_state
+
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        return flat_optimizer_state(self.model, optimizer, StateDictOptions(cpu_offload=True))[0]
+
+    def _load_stages_checkpoint(self, path: Path, flat: bool | None, weights_only: bool) -> dict:
+        """Lightning's sharded-checkpoint loading for stages: weights and optimizer state by the whole
+        network's parameter names, then the rest (loops, schedulers, callbacks) from its metadata file."""
+        import torch.distributed.checkpoint as dcp
+        from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+        from nemo_vfm.parallel import checkpoint as ckpt
+
+        if not (path / ".metadata").is_file():
+            raise ValueError(f"{path} is not a sharded (DCP) checkpoint; a pipeline-parallel run resumes from the "
+                             "sharded folders it writes.")
+        if flat is False and self.optimizers:
+            raise ValueError(f"{path} was saved without pipeline parallelism (nested optimizer state); resume it with "
+                             "pipeline_model_parallel_size=1, or start a pipeline-parallel run from its weights only.")
+        model_sd, model_names = ckpt.model_state(self.model)
+        state, optim_names = {"state_dict": model_sd}, []
+        for i, opt in enumerate(self.optimizers):
+            state[f"optimizer_{i}"], names = ckpt.flat_optimizer_state(self.model, opt)
+            optim_names.append(names)
+        dcp.load(state, checkpoint_id=str(path))
+        ckpt.set_model_states(self.model, state["state_dict"], model_names, strict=self.lightning_module.strict_loading)
+        for i, opt in enumerate(self.optimizers):
+            ckpt.set_flat_optimizer_state(self.model, opt, state[f"optimizer_{i}"], optim_names[i])
+        return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
+
+
+def _flat_optimizer_state(path: Path) -> bool | None:
+    """For a sharded checkpoint folder: whether its optimizer state is flattened (saved under PP); None
+    for a file or a folder without optimizer state."""
+    if not (path / ".metadata").is_file():
+        return None
+    from nemo_vfm.parallel.checkpoint import saved_flat_optimizer
+
+    return saved_flat_optimizer(path, "optimizer_0")

@@ -94,19 +94,19 @@ def flat_optimizer_state(root: nn.Module, optimizer, options=None) -> tuple[dict
                            flat_optimizer=True)
 
 
-def set_states(root: nn.Module, optimizer, model_sd: dict, model_names: dict, optim_sd: dict | None = None,
-               optim_names: dict | None = None, *, strict: bool = True) -> None:
-    """Load canonical-keyed model (and flattened optimizer) states into ``root`` and ``optimizer``."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+def set_model_states(root: nn.Module, model_sd: dict, names: dict, *, strict: bool = True) -> None:
+    """Load a canonical-keyed model state (from :func:`model_state`, filled by ``dcp.load``) into ``root``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(root, original_keys(model_sd, model_names), options=StateDictOptions(strict=strict))
-    if optimizer is not None:
-        set_optimizer_state_dict(root, optimizer, original_keys(optim_sd, optim_names),
-                                 options=StateDictOptions(flatten_optimizer_state_dict=True))
+    set_model_state_dict(root, original_keys(model_sd, names), options=StateDictOptions(strict=strict))
+
+
+def set_flat_optimizer_state(root: nn.Module, optimizer, optim_sd: dict, names: dict) -> None:
+    """Load a canonical-keyed flattened optimizer state (from :func:`flat_optimizer_state`) into ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(root, optimizer, original_keys(optim_sd, names),
+                             options=StateDictOptions(flatten_optimizer_state_dict=True))
 
 
 def _root(model) -> nn.Module:
@@ -129,14 +129,16 @@ def state_dict(model, optimizer=None, extra: dict | None = None) -> dict:
     return state
 
 
-def saved_flat_optimizer(path: str | os.PathLike, key: str = OPTIM_KEY) -> bool:
+def saved_flat_optimizer(path: str | os.PathLike, key: str = OPTIM_KEY) -> bool | None:
     """Whether the optimizer state under ``key`` in the checkpoint is flattened per parameter name (torch's
-    nested format has a ``<key>.param_groups.<i>.params`` list per group)."""
+    nested format has a ``<key>.param_groups.<i>.params`` list per group); None if there is none."""
     import re
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    keys = [k for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata if k.startswith(key + ".")]
+    if not keys:
+        return None
     nested = re.compile(rf"{re.escape(key)}\.param_groups\.\d+\.params")
     return not any(nested.fullmatch(k) for k in keys)
 
@@ -170,7 +172,7 @@ def load(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None =
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"{path} is not a complete distributed checkpoint (no .metadata); pick another one.")
     root, mods = _root(model), _modules(model)
-    saved_flat = optimizer is not None and saved_flat_optimizer(path)
+    saved_flat = optimizer is not None and bool(saved_flat_optimizer(path))
     if optimizer is not None and not saved_flat and len(mods) > 1:
         raise ValueError(f"{path} holds one module's optimizer state (torch's nested format), which does not split "
                          f"over the {len(mods)} pipeline stages of this rank; load the weights only (optimizer=None) "
@@ -182,11 +184,10 @@ def load(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None =
     elif optimizer is not None:
         state[OPTIM_KEY] = get_optimizer_state_dict(mods[0], optimizer)
     dcp.load(state, checkpoint_id=str(path))
+    set_model_states(root, state[MODEL_KEY], mnames, strict=strict)
     if saved_flat:
-        set_states(root, optimizer, state[MODEL_KEY], mnames, state[OPTIM_KEY], onames, strict=strict)
-        return
-    set_states(root, None, state[MODEL_KEY], mnames, strict=strict)
-    if optimizer is not None:
+        set_flat_optimizer_state(root, optimizer, state[OPTIM_KEY], onames)
+    elif optimizer is not None:
         set_optimizer_state_dict(mods[0], optimizer, state[OPTIM_KEY])
 
 

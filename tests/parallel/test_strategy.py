@@ -65,5 +65,5 @@ def test_bad_layout_fails_before_the_model_is_built(monkeypatch):
 def test_knobs_checked_at_construction():
     with pytest.raises(ValueError, match="sequence_parallel"):
         VFMParallelStrategy(sequence_parallel=True)
-    with pytest.raises(NotImplementedError, match="pipeline"):
-        VFMParallelStrategy(pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match="pp_microbatches"):
+        VFMParallelStrategy(pipeline_model_parallel_size=2, microbatches=0)
