@@ -3,6 +3,7 @@
     from nemo_vfm_recipes import dit, parallel
     recipe = parallel.with_cp(parallel.with_tp(dit.pretrain_7b(), 2, sequence_parallel=True), 4)
     recipe = parallel.with_fsdp(recipe, activation_checkpointing="selective")
+    recipe = parallel.with_pp(recipe, 2, schedule="interleaved")   # 2 pipeline ranks, 4 stages
 
 CLI (NeMo-Run dotted overrides reach the same knobs)::
 
@@ -61,6 +62,20 @@ def with_cp(recipe: run.Partial, size: int, kind: str = "ring") -> run.Partial:
         raise ValueError(f"with_cp kind must be 'ring' or 'a2a', got {kind!r}")
     s = _strategy(recipe)
     s.context_parallel_size, s.context_parallel_kind = size, kind
+    return recipe
+
+
+def with_pp(recipe: run.Partial, size: int, schedule: str = "1f1b", microbatches: int | None = None) -> run.Partial:
+    """Pipeline parallel over ``size`` ranks: the blocks split into ``size`` stages (``schedule="interleaved"``:
+    two per rank), the conditioning embedders run on every stage. ``schedule``: ``"1f1b"``, ``"interleaved"`` or
+    ``"gpipe"``; ``microbatches`` per step defaults to the number of stages and must divide each data-parallel
+    rank's batch."""
+    from nemo_vfm.parallel.dims import PP_SCHEDULES
+
+    if schedule not in PP_SCHEDULES:
+        raise ValueError(f"with_pp schedule must be one of {PP_SCHEDULES}, got {schedule!r}")
+    s = _strategy(recipe)
+    s.pipeline_model_parallel_size, s.pipeline_schedule, s.microbatches = size, schedule, microbatches
     return recipe
 
 

@@ -21,6 +21,13 @@ def test_dryrun_prints_resolved_config(factory, hidden):
     assert hidden in r.stdout and "Dry run" in r.stdout
 
 
+def test_dryrun_with_pipeline_parallel_overrides():
+    r = launch("--factory", "pretrain_28b", "--yes", "--dryrun", "trainer.strategy.pipeline_model_parallel_size=2",
+               "trainer.strategy.pipeline_schedule=interleaved")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "pipeline_model_parallel_size=2" in r.stdout and "Dry run" in r.stdout
+
+
 def test_unknown_factory_exits_nonzero():
     r = launch("--factory", "nope", "--yes")
     assert r.returncode != 0

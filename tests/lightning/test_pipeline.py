@@ -111,6 +111,17 @@ def test_pp2_schedules_and_families_train_like_one_process(runs):
         _assert_same_run(two[name], single[ref], _weights(root, name), _weights(root, ref), name)
 
 
+def test_a_pp_checkpoint_loads_for_generation(runs):
+    from nemo_vfm.inference.checkpoint import load_checkpoint
+
+    root, _, _ = runs
+    loaded = load_checkpoint(root / "pp2_interleaved" / "run")  # the experiment folder: its newest checkpoint
+    want = {k.removeprefix("ema."): v for k, v in _weights(root, "edm").items() if k.startswith("ema.")}
+    got = loaded.net.state_dict()
+    assert loaded.step == STEPS and set(got) == set(want)
+    assert all(torch.allclose(got[k], v, rtol=1e-5, atol=1e-7) for k, v in want.items())
+
+
 FOUR = {
     "pp2_tp2_sp": (dict(pipeline_model_parallel_size=2, tensor_model_parallel_size=2, sequence_parallel=True,
                         fsdp=False, **FP32), {}),

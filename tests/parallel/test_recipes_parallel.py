@@ -32,3 +32,17 @@ def test_default_layouts():
     assert r28.trainer.strategy.activation_checkpointing == "full"
     with pytest.raises(ValueError, match="kind"):
         parallel.with_cp(dit.pretrain_7b(), 2, kind="ulysses")
+
+
+def test_with_pp_composes_and_builds():
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm_recipes import dit, parallel
+
+    recipe = parallel.with_pp(parallel.with_tp(dit.pretrain_28b(), 4), 2, schedule="interleaved", microbatches=8)
+    s = recipe.trainer.strategy
+    assert (s.pipeline_model_parallel_size, s.pipeline_schedule, s.microbatches) == (2, "interleaved", 8)
+    assert s.tensor_model_parallel_size == 4 and s.activation_checkpointing == "full"  # layout_28b's knobs kept
+    strategy = fdl.build(s)
+    assert isinstance(strategy, VFMParallelStrategy) and strategy.pipeline_parallel
+    with pytest.raises(ValueError, match="schedule"):
+        parallel.with_pp(dit.pretrain_xl(), 2, schedule="zb")
