@@ -150,11 +150,29 @@ def _resume(rank, world, root):
         _train(rank, world, f"{root}/{schedule}_cut", kw, steps=2)
         resumed = _train(rank, world, f"{root}/{schedule}_cut", kw, steps=4)
         out[schedule] = (whole, resumed)
+    out["errors"] = [_resume_error(rank, world, f"{root}/1f1b_cut", dict(fsdp=False, **FP32)),  # PP run, no PP
+                     _resume_error(rank, world, f"{root}/dp2", dict(fsdp=False, **FP32), first_steps=2,
+                                   kw=dict(pipeline_model_parallel_size=2, **FP32))]  # run without PP, under PP
     return out if rank == 0 else None
+
+
+def _resume_error(rank, world, root, first_kw, *, first_steps=0, kw=None) -> str:
+    """Train ``first_steps`` with ``first_kw`` (0: the folder has a run), then resume with ``kw`` (default
+    ``first_kw``) expecting a refusal; returns its message."""
+    if first_steps:
+        _train(rank, world, root, first_kw, steps=first_steps)
+    try:
+        _train(rank, world, root, kw or first_kw, steps=5)
+    except ValueError as e:
+        return str(e)
+    return "resumed"
 
 
 def test_pp2_resumes_from_its_checkpoint_with_the_uninterrupted_losses(tmp_path):
     results = run_distributed(_resume, 2, str(tmp_path))[0]
+    pp_run_without_pp, run_under_pp = results.pop("errors")
+    assert "saved with pipeline parallelism" in pp_run_without_pp, pp_run_without_pp
+    assert "saved without pipeline parallelism" in run_under_pp, run_under_pp
     for schedule, (whole, resumed) in results.items():
         assert len(whole) == len(resumed) == 4
         assert resumed[2:] == pytest.approx(whole[2:], rel=1e-6, abs=1e-7), (schedule, resumed, whole)
