@@ -56,7 +56,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--text-len", type=int, default=512)
     ap.add_argument("--ac", choices=("none", "full", "selective", "selective_op"), default="full")
-    ap.add_argument("--attention-backend", default="auto", choices=("auto", "flash", "cudnn", "math"))
+    ap.add_argument("--attention-backend", default="auto", choices=("auto", "flash", "cudnn", "math"),
+                    help="ring: the per-block kernel; a2a and local attention: the SDPA backend")
     ap.add_argument("--optimizer", choices=("adamw", "sgd"), default=None)
     ap.add_argument("--pure-bf16", action="store_true", default=None, help="bf16 weights (no fp32 master copy)")
     ap.add_argument("--compile", action="store_true")
@@ -75,6 +76,11 @@ def main() -> int:
     from nemo_vfm.parallel.grads import clip_grad_norm_, sync_grads
     from nemo_vfm.parallel.mesh import build_mesh
 
+    if args.attention_backend in ("flash", "cudnn"):  # the SDPA kernel of a2a / non-CP attention
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from train_throughput import set_sdpa_backend
+
+        set_sdpa_backend(args.attention_backend)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -135,7 +141,8 @@ def main() -> int:
     result = {
         "flavor": args.flavor, "params": n_params, "world_size": world, "cp": cp, "tp": args.tp, "cp_kind": args.kind,
         "latent": list(args.latent), "tokens_per_sample": tokens, "batch": args.batch, "text_len": args.text_len,
-        "activation_checkpointing": args.ac, "optimizer": optimizer, "pure_bf16": pure_bf16, "compile": args.compile,
+        "activation_checkpointing": args.ac, "attention_backend": args.attention_backend, "optimizer": optimizer,
+        "pure_bf16": pure_bf16, "compile": args.compile,
         "step_s_median": step_s, "tokens_per_s_per_gpu": tok_s_gpu, "model_tflops_per_gpu": tflops,
         "mfu": tflops / args.peak_tflops, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -143,7 +150,7 @@ def main() -> int:
     if rank == 0:
         out = Path(os.environ.get("OUT", "bench/results"))
         out.mkdir(parents=True, exist_ok=True)
-        name = f"cp_long_context_{args.flavor}_cp{cp}_tp{args.tp}_{tokens}tok{args.tag}.json"
+        name = f"cp_long_context_{args.flavor}_cp{cp}_tp{args.tp}_{args.kind}_{tokens}tok{args.tag}.json"
         (out / name).write_text(json.dumps(result, indent=1))
         print(json.dumps({k: v for k, v in result.items() if k != "losses"}, indent=1))
         print(f"| DiT-{args.flavor} | {tokens} | {world} GPU, CP={cp} TP={args.tp} AC={args.ac} | "
