@@ -30,7 +30,8 @@ for label, patch in (("mix-order reduction ON (torch default)", True), ("OFF (ne
     try:
         got = T._grads(True)
     except RuntimeError as e:
-        print(label, "-> backward failed:", str(e).splitlines()[0][:160]); continue
+        print(label, "-> backward failed:", str(e).splitlines()[0][:160])
+        continue
     finally:
         if patch:
             C.disable_mix_order_reduction = orig
