@@ -1,7 +1,8 @@
 """Pipeline parallelism through ``train()`` / ``trainer.fit`` with ``VFMParallelStrategy``: a tiny DiT (and
-MovieGen) trained for 3 steps under PP2 (1F1B, interleaved, GPipe), PP2 x TP2/CP2/DP2/FSDP2 matches the run
-without pipeline parallelism (per-step losses, final weights and EMA weights from the checkpoints), resumes
-from its sharded checkpoint with the uninterrupted run's losses, and bad layouts fail before the model exists.
+MovieGen) trained for 3 steps under PP2 (1F1B, interleaved, GPipe, full activation checkpointing) and
+PP2 x TP2/CP2/DP2/FSDP2 matches the run without pipeline parallelism (per-step losses, final weights and EMA
+weights from the checkpoints), resumes from its sharded checkpoint with the uninterrupted run's losses, and
+bad layouts fail before the model exists.
 
 AdamW runs with a large ``eps`` so that updates are linear in the gradients: Adam's normalisation would
 amplify float round-off in near-zero gradients (as the SGD of ``nemo_vfm.parallel.equivalence`` avoids),
@@ -92,10 +93,12 @@ TWO = {
     "pp2_gpipe_flow": (dict(pipeline_model_parallel_size=2, pipeline_schedule="gpipe", **FP32),
                        dict(objective="flow")),
     "pp2_moviegen": (dict(pipeline_model_parallel_size=2, **FP32), dict(family="moviegen")),
+    "pp2_full_ac": (dict(pipeline_model_parallel_size=2, activation_checkpointing="full", **FP32), {}),
     "dp2": (dict(fsdp=False, **FP32), {}),  # the reference of the data-parallel layouts below
 }
 SINGLE = {"edm": {}, "flow": dict(objective="flow"), "moviegen": dict(family="moviegen")}
-REFERENCE = {"pp2_1f1b": "edm", "pp2_interleaved": "edm", "pp2_gpipe_flow": "flow", "pp2_moviegen": "moviegen"}
+REFERENCE = {"pp2_1f1b": "edm", "pp2_interleaved": "edm", "pp2_gpipe_flow": "flow", "pp2_moviegen": "moviegen",
+             "pp2_full_ac": "edm"}
 
 
 @pytest.fixture(scope="module")
