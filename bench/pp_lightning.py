@@ -9,7 +9,8 @@ Rank 0 first trains the reference on one device in a subprocess (fp32, TF32 off)
 on all ranks; fp32 layouts are compared with the reference: per-step losses, and the final weights and EMA
 weights read back from the layout's sharded checkpoint. Layouts marked "runs" (``bf16-mixed``, FSDP with bf16
 parameters) only have to finish with finite losses. Rank 0 prints a markdown table and writes JSON to
-``$OUT`` (or ``bench/results``). Needs torch and lightning, not fiddle, nemo-run or energon.
+``$OUT`` (or ``bench/results``); the runs' checkpoints go to a temp folder (``--out``). Needs torch and
+lightning, not fiddle, nemo-run or energon.
 """
 
 import argparse
@@ -18,6 +19,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -108,11 +110,11 @@ def run_reference(out: Path, device: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--out", default=None, help="working folder (default: $OUT or bench/results)/pp_lightning_work")
+    p.add_argument("--out", default=None, help="working folder for the runs' checkpoints (default: a temp folder)")
     p.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     results_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
-    work = Path(args.out or results_dir / "pp_lightning_work")
+    work = Path(args.out or Path(tempfile.gettempdir()) / "pp_lightning_work")
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     if args.reference:  # one device, no strategy
         losses = fit(work / "reference", 1, accelerator, "auto", "32-true")
