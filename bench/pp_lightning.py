@@ -62,7 +62,7 @@ def fit(out: Path, devices: int, accelerator: str, strategy, precision: str) -> 
     L.seed_everything(7, verbose=False)
     cfg = DiTConfig(num_layers=4, hidden_size=64, num_heads=4, in_channels=4, context_dim=32, adaln_lora_rank=8)
     # AdamW with a large eps: updates linear in the gradients, so round-off is not amplified (see the tests)
-    module = DiffusionModule(cfg, EDM(), OptimConfig(lr=0.5, eps=10.0, warmup_steps=1), ema_decay=0.9, seed=7)
+    module = DiffusionModule(cfg, EDM(), OptimConfig(lr=0.5, eps=10.0, warmup_steps=2), ema_decay=0.9, seed=7)
     data = MockLatentDataModule(latent_channels=4, num_frames=2, height=8, width=8, context_dim=32, context_length=5,
                                 batch_size=4, num_samples=32)
     losses = []

@@ -44,7 +44,8 @@ def _config(family: str, num_layers: int = 4):
 
 
 def _train(rank, world, root, strategy_kw, *, family="dit", objective="edm", steps=STEPS, batch_size=2):
-    """``train()`` on this process (``strategy_kw=None``: no strategy); rank 0 returns the per-step losses."""
+    """``train()`` on this process (``strategy_kw=None``: no strategy); rank 0 returns the per-step losses and
+    learning rates (``{"loss": [...], "lr": [...]}``)."""
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.diffusion.flow_matching import FlowMatching
@@ -57,10 +58,13 @@ def _train(rank, world, root, strategy_kw, *, family="dit", objective="edm", ste
     trainer = TrainerConfig(max_steps=steps, devices=world, accelerator="cpu", precision="32-true", strategy=strategy,
                             log_every_n_steps=1, checkpoint_every_n_steps=2, enable_progress_bar=False)
     train(model=_config(family), data=data, trainer=trainer, objective=EDM() if objective == "edm" else FlowMatching(),
-          optim=OptimConfig(lr=0.5, eps=10.0, warmup_steps=1), log=ExperimentConfig(name="run", root=root,
+          optim=OptimConfig(lr=0.5, eps=10.0, warmup_steps=2), log=ExperimentConfig(name="run", root=root,
                                                                                      tensorboard=False),
           ema_decay=0.9, seed=7)
-    return [r["loss"] for r in read_metrics(Path(root) / "run" / "metrics.jsonl")] if rank == 0 else None
+    if rank != 0:
+        return None
+    rows = read_metrics(Path(root) / "run" / "metrics.jsonl")
+    return {"loss": [r["loss"] for r in rows], "lr": [r["lr"] for r in rows]}
 
 
 def _runs(rank, world, root, runs: dict):
@@ -76,14 +80,16 @@ def _weights(root, name, step=STEPS) -> dict:
     return torch.load(ckpt, weights_only=False)["state_dict"]
 
 
-def _assert_same_run(got_loss, want_loss, got_w, want_w, what):
-    assert len(got_loss) == len(want_loss) == STEPS, (what, got_loss)
-    assert got_loss == pytest.approx(want_loss, rel=1e-5), (what, got_loss, want_loss)
+def _assert_same_run(got, want, got_w, want_w, what):
+    assert len(got["loss"]) == len(want["loss"]) == STEPS, (what, got)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (what, got, want)
+    assert got["lr"] == want["lr"] and got["lr"][0] < got["lr"][1], (what, got["lr"])  # warm-up as without PP
     assert set(got_w) == set(want_w), (what, set(got_w) ^ set(want_w))
     assert any(k.startswith("ema.") for k in got_w)
     err = {k: ((got_w[k] - v).abs().max() / v.abs().max().clamp_min(1e-12)).item() for k, v in want_w.items()}
     worst = max(err, key=err.get)
-    assert err[worst] < 1e-5, (what, worst, err[worst])
+    # measured <= 8.4e-7; counting the duplicated embedders once per stage in the clipping norm gives 7.4e-6
+    assert err[worst] < 3e-6, (what, worst, err[worst])
 
 
 TWO = {
@@ -177,8 +183,9 @@ def test_pp2_resumes_from_its_checkpoint_with_the_uninterrupted_losses(tmp_path)
     assert "saved with pipeline parallelism" in pp_run_without_pp, pp_run_without_pp
     assert "saved without pipeline parallelism" in run_under_pp, run_under_pp
     for schedule, (whole, resumed) in results.items():
-        assert len(whole) == len(resumed) == 4
-        assert resumed[2:] == pytest.approx(whole[2:], rel=1e-6, abs=1e-7), (schedule, resumed, whole)
+        assert len(whole["loss"]) == len(resumed["loss"]) == 4
+        assert resumed["loss"][2:] == pytest.approx(whole["loss"][2:], rel=1e-6, abs=1e-7), (schedule, resumed, whole)
+        assert resumed["lr"] == whole["lr"], schedule
         a, b = _weights(tmp_path, f"{schedule}_whole", 4), _weights(tmp_path, f"{schedule}_cut", 4)
         assert set(a) == set(b), schedule
         bad = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-8)}
