@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -134,6 +135,8 @@ def main() -> int:
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
         losses.append(loss.item())
+    if not all(map(math.isfinite, losses)):  # a broken step can look fast: never report its speed
+        raise SystemExit(f"non-finite loss {losses}: the run diverged or computed wrong gradients")
     step_s = sorted(times)[len(times) // 2]
     tok_s_gpu = args.batch * tokens / step_s / world
     flops_tok = model_flops_per_token(cfg, tokens, args.text_len)

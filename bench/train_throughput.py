@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -334,6 +335,9 @@ def run_case(s: BenchSettings, device: torch.device) -> dict:
         t_build = time.perf_counter()
         times = time_steps(step, s.steps, s.warmup, device)
         res["warmup_s"] = round(time.perf_counter() - t_build - sum(times), 2)
+        loss = float(step())
+        if not math.isfinite(loss):  # a broken step can look fast: never report its speed
+            raise FloatingPointError(f"non-finite loss {loss} after {s.warmup + s.steps} steps")
         dt = statistics.median(times)
         samples, tokens = len(seq_lens), sum(seq_lens)
         tflops = flops.train_step / dt / 1e12
