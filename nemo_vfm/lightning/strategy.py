@@ -14,6 +14,10 @@ gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads`
 clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
 distributed checkpoint format), loadable under another layout.
 
+``float8="tensorwise"|"rowwise"`` trains the blocks' MLP (``float8_modules="all"``: every) linears in FP8
+through torchao (``nemo_vfm.parallel.float8``; not with tensor parallelism); measured gains and losses are
+in docs/benchmarks.md.
+
 Pipeline parallelism (``pipeline_model_parallel_size > 1``, schedules ``1f1b``, ``interleaved``,
 ``gpipe``; with TP/SP, CP, FSDP or DP where the family plan has pipeline stages: DiT, MovieGen):
 :meth:`setup` replaces the module's ``model`` and ``ema`` by this rank's stages
@@ -70,6 +74,8 @@ class VFMParallelStrategy(ModelParallelStrategy):
         activation_checkpointing: str = "none",
         activation_checkpointing_every: int = 2,
         compile: bool = False,
+        float8: str | None = None,
+        float8_modules: str = "mlp",
         param_dtype: str | None = "bf16",
         reduce_dtype: str | None = "fp32",
         attention_backend: str = "auto",
@@ -86,6 +92,9 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
         if activation_checkpointing not in MODES:
             raise ValueError(f"activation_checkpointing must be one of {MODES}, got {activation_checkpointing!r}.")
+        from nemo_vfm.parallel.float8 import check_float8
+
+        check_float8(float8, float8_modules, tensor_model_parallel_size)  # torchao present, no TP
         self.layout = dict(
             tp=tensor_model_parallel_size, sequence_parallel=sequence_parallel, cp=context_parallel_size,
             cp_kind=context_parallel_kind, pp=pipeline_model_parallel_size, pp_schedule=pipeline_schedule,
@@ -98,6 +107,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
             activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
             compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype, attention_backend=attention_backend,
             factorized_cp=factorized_context_parallel,  # ST-DiT: "hybrid" (all-to-all + ring) or "ring"
+            float8=float8, float8_modules=float8_modules,  # FP8 linears in the blocks (torchao)
         )
         self.dims: ParallelDims | None = None
         self.parallel_mesh = None

@@ -80,3 +80,50 @@ def test_bad_knobs_fail_up_front():
     check_float8(None, "whatever", tp=8)  # off: nothing to check
     with pytest.raises(ValueError, match="no linear"):
         apply_float8(nn.Sequential(nn.Linear(32, 32)), "rowwise", "mlp")
+
+
+def _fsdp2_float8(rank, world):
+    from torchao.float8.float8_linear import Float8Linear
+
+    from nemo_vfm.models.dit.parallelize import parallelize_dit
+    from nemo_vfm.parallel import equivalence as E
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.mesh import build_mesh
+
+    cfg = E.tiny_config()
+    problem = E.make_problem(cfg, batch=2)
+    batch = E._rows(problem, slice(None), torch.device("cpu"))  # every rank the whole batch: FSDP's mean = it
+
+    def build():
+        m = cfg.build("cpu")
+        m.load_state_dict(problem["state"])
+        return m
+
+    ref = build()
+    apply_float8(ref.blocks, "tensorwise", "all")
+    ref_loss = E.forward_loss(ref, batch)
+    ref_loss.backward()
+    model = parallelize_dit(build(), build_mesh(ParallelDims(world_size=world), "cpu"), float8="tensorwise",
+                            float8_modules="all", param_dtype=None, reduce_dtype=None)
+    loss = E.forward_loss(model, batch)
+    loss.backward()
+    got, want = model.blocks[0].mlp.fc1.weight.grad.full_tensor(), ref.blocks[0].mlp.fc1.weight.grad
+    return (float(loss), float(ref_loss), float((got - want).norm() / want.norm()),
+            sum(isinstance(m, Float8Linear) for m in model.modules()))
+
+
+def test_float8_under_fsdp2_equals_one_process_float8():
+    from gloo_launcher import run_distributed
+
+    for loss, ref_loss, grad_err, converted in run_distributed(_fsdp2_float8, 2):
+        assert converted == 4 * 10  # 4 blocks x (q, k, v, proj of self- and cross-attention; fc1, fc2)
+        assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss) and grad_err < 1e-5, (loss, ref_loss, grad_err)
+
+
+def test_strategy_checks_float8_up_front():
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+        VFMParallelStrategy(tensor_model_parallel_size=2, float8="rowwise")
+    s = VFMParallelStrategy(float8="tensorwise", float8_modules="all")
+    assert s.parallelize_kwargs["float8"] == "tensorwise"

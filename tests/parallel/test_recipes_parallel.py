@@ -34,6 +34,8 @@ def test_default_layouts():
     assert r28.trainer.strategy.activation_checkpointing == "full"
     with pytest.raises(ValueError, match="kind"):
         parallel.with_cp(dit.pretrain_7b(), 2, kind="ulysses")
+    s8 = parallel.with_float8(dit.pretrain_7b()).trainer.strategy
+    assert (s8.float8, s8.float8_modules, s8.compile) == ("tensorwise", "all", True)
 
 
 def test_with_pp_composes_and_builds():

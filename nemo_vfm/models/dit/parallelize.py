@@ -37,6 +37,7 @@ from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.float8 import apply_float8, check_float8
 from nemo_vfm.parallel.fsdp import apply_fsdp
 from nemo_vfm.parallel.mesh import ParallelMesh
 from nemo_vfm.parallel.tensor_parallel import apply_tensor_parallel
@@ -260,13 +261,17 @@ def parallelize_dit(
     attention_backend: str = "auto",
     reshard_after_forward: bool = True,
     blocks_only: bool = False,
+    float8: str | None = None,
+    float8_modules: str = "mlp",
 ) -> nn.Module:
-    """Apply TP/SP, CP, activation checkpointing, compile and FSDP to ``model`` in place; return it.
+    """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
 
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
+    ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
     """
     d = pmesh.dims
     check_layout(model.cfg, d)
+    check_float8(float8, float8_modules, d.tp)
     blocks = model.blocks
     owned = [b for b in blocks if not isinstance(b, nn.Identity)]
     if d.tp > 1:
@@ -276,6 +281,8 @@ def parallelize_dit(
         _replace_cores(owned, pmesh, attention_backend)
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
+    if float8:
+        apply_float8(nn.ModuleList(owned), float8, float8_modules)
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)

@@ -22,6 +22,7 @@ from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.float8 import apply_float8, check_float8
 from nemo_vfm.parallel.fsdp import apply_fsdp
 from nemo_vfm.parallel.hybrid_cp import MODES, replace_factorized_cores
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -81,10 +82,14 @@ def parallelize_stdit(
     reduce_dtype: str | None = "fp32",
     attention_backend: str = "auto",
     reshard_after_forward: bool = True,
+    float8: str | None = None,
+    float8_modules: str = "mlp",
 ) -> nn.Module:
-    """Apply TP/SP, (hybrid) CP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
+    """Apply TP/SP, (hybrid) CP, FP8 linears (``nemo_vfm.parallel.float8``), activation checkpointing, compile
+    and FSDP to ``model`` in place; return it."""
     d = pmesh.dims
     check_layout(model.cfg, d, factorized_cp=factorized_cp)
+    check_float8(float8, float8_modules, d.tp)
     blocks = model.blocks
     if d.tp > 1:
         apply_tensor_parallel(blocks, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
@@ -100,6 +105,8 @@ def parallelize_stdit(
                                                               inner=getattr(parent, attr)))
     if d.cp > 1 or d.sequence_parallel:
         _install_token_hooks(model, _TokenParallel(pmesh))
+    if float8:
+        apply_float8(blocks, float8, float8_modules)
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)
