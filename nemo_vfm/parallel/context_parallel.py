@@ -139,7 +139,7 @@ def _wait(works: list) -> None:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, seg_all, group, scale, backend):
+    def forward(ctx, q, k, v, seg_all, group, scale, backend, valid_len):
         n, r = dist.get_world_size(group), dist.get_rank(group)
         s_loc = q.shape[2]
         seg_q = None if seg_all is None else seg_all[:, r * s_loc : (r + 1) * s_loc]
@@ -150,18 +150,20 @@ class _RingAttention(torch.autograd.Function):
             if step < n - 1:
                 works, nxt = _ring_exchange(kv, group)  # overlaps with the block attention below
             j = (r - step) % n
-            seg_k = None if seg_all is None else seg_all[:, j * s_loc : (j + 1) * s_loc]
-            o_i, lse_i, aux = attention_ops.block_forward(
-                q, kv[0], kv[1], _block_mask(seg_q, seg_k), scale=scale, backend=backend
-            )
-            aux0 = aux0 if aux0 is not None else aux
-            out, lse = attention_ops.merge(out, lse, o_i, lse_i)
+            n_j = _real_keys(valid_len, j, s_loc)
+            if n_j:  # a block of padding only contributes nothing
+                seg_k = None if seg_all is None else seg_all[:, j * s_loc : (j + 1) * s_loc]
+                o_i, lse_i, aux = attention_ops.block_forward(
+                    q, kv[0, :, :, :n_j], kv[1, :, :, :n_j], _block_mask(seg_q, seg_k), scale=scale, backend=backend
+                )
+                aux0 = aux0 if aux0 is not None else aux
+                out, lse = attention_ops.merge(out, lse, o_i, lse_i)
             if works is not None:
                 _wait(works)
                 kv = nxt
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, seg_all)
-        ctx.group, ctx.scale, ctx.backend, ctx.aux = group, scale, backend, aux0
+        ctx.group, ctx.scale, ctx.backend, ctx.aux, ctx.valid_len = group, scale, backend, aux0, valid_len
         return out
 
     @staticmethod
@@ -182,23 +184,34 @@ class _RingAttention(torch.autograd.Function):
             if step < n - 1:
                 kv_works, kv_next = _ring_exchange(kv, group)
             j = (r - step) % n
-            seg_k = None if seg_all is None else seg_all[:, j * s_loc : (j + 1) * s_loc]
-            dq_i, dk_i, dv_i = attention_ops.block_backward(
-                dout, q, kv[0], kv[1], out, lse, _block_mask(seg_q, seg_k), ctx.aux,
-                scale=ctx.scale, backend=ctx.backend,
-            )
-            dq += dq_i
+            n_j = _real_keys(ctx.valid_len, j, s_loc)
+            dkv_i = None
+            if n_j:
+                seg_k = None if seg_all is None else seg_all[:, j * s_loc : (j + 1) * s_loc]
+                dq_i, dk_i, dv_i = attention_ops.block_backward(
+                    dout, q, kv[0, :, :, :n_j], kv[1, :, :, :n_j], out, lse, _block_mask(seg_q, seg_k), ctx.aux,
+                    scale=ctx.scale, backend=ctx.backend,
+                )
+                dq += dq_i
+                dkv_i = torch.nn.functional.pad(torch.stack([dk_i, dv_i]).to(acc), (0, 0, 0, s_loc - n_j))
             if dkv_works is not None:  # the accumulator of block j arrives from the previous rank
                 _wait(dkv_works)
                 dkv = dkv_next
-            dkv = dkv + torch.stack([dk_i, dv_i]).to(acc)
+            if dkv_i is not None:
+                dkv = dkv + dkv_i
             dkv_works, dkv_next = _ring_exchange(dkv.contiguous(), group)
             if kv_works is not None:
                 _wait(kv_works)
                 kv = kv_next
         _wait(dkv_works)  # after n hops every block's accumulator is back at its owner
         dkv = dkv_next
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
+
+
+def _real_keys(valid_len: int | None, j: int, s_loc: int) -> int:
+    """How many of key block ``j``'s ``s_loc`` tokens are real when only the first ``valid_len`` of the
+    whole sequence are (the rest is trailing padding); ``s_loc`` when there is no padding."""
+    return s_loc if valid_len is None else min(max(valid_len - j * s_loc, 0), s_loc)
 
 
 def ring_attention(
@@ -210,16 +223,22 @@ def ring_attention(
     segment_ids: torch.Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    valid_len: int | None = None,
 ) -> torch.Tensor:
     """Exact softmax attention of local queries over all CP ranks' keys: (B, H, S_local, D).
 
     ``segment_ids`` (B, S_local) int: packed sequences (-1 = padding, attends to nothing).
+    ``valid_len``: only the first ``valid_len`` tokens of the whole sequence are keys (the rest is trailing
+    padding): key blocks are cut instead of masked, so the unmasked (flash / cuDNN) kernels still run.
     """
     if dist.get_world_size(group) == 1:
         mask = _block_mask(segment_ids, segment_ids)
+        if valid_len is not None:
+            k, v = k[:, :, :valid_len], v[:, :, :valid_len]
+            mask = None if mask is None else mask[..., :valid_len]
         return _local_attention(q, k, v, mask, scale, backend)
     seg_all = None if segment_ids is None else gather_no_grad(segment_ids, 1, group)
-    return _RingAttention.apply(q, k, v, seg_all, group, scale, backend)
+    return _RingAttention.apply(q, k, v, seg_all, group, scale, backend, valid_len)
 
 
 def _local_attention(q, k, v, mask, scale, backend):
@@ -288,10 +307,12 @@ def ulysses_attention(
     segment_ids: torch.Tensor | None = None,
     scale: float | None = None,
     inner=None,
+    valid_len: int | None = None,
 ) -> torch.Tensor:
     """All-to-all context parallel attention: (B, H, S_local, D) in and out; H divisible by CP.
 
     ``inner(q, k, v, mask)`` computes full-sequence attention on H/CP heads (default SDPA).
+    ``valid_len``: only the first ``valid_len`` tokens are keys (trailing padding is cut, not masked).
     """
     n = dist.get_world_size(group)
     if q.shape[1] % n:
@@ -302,6 +323,9 @@ def ulysses_attention(
         mask = _block_mask(seg, seg)
     if n > 1:
         q, k, v = (_SeqToHeads.apply(t, group) for t in (q, k, v))
+    if valid_len is not None:
+        k, v = k[:, :, :valid_len], v[:, :, :valid_len]
+        mask = None if mask is None else mask[..., :valid_len]
     out = inner(q, k, v, mask) if inner is not None else _local_attention(q, k, v, mask, scale, "auto")
     return _HeadsToSeq.apply(out, group) if n > 1 else out
 
@@ -324,6 +348,7 @@ class ContextParallelCore(nn.Module):
         self.group, self.kind, self.backend = group, kind, backend
         self.inner = inner
         self.segment_ids: torch.Tensor | None = None
+        self.valid_len: int | None = None  # set per forward: real tokens before trailing padding
         self.scale: float | None = None
 
     def forward(self, q, k, v, mask=None):
@@ -333,8 +358,8 @@ class ContextParallelCore(nn.Module):
                 "sequences as segment ids (cu_seqlens) instead."
             )
         if self.kind == "ring":
-            return ring_attention(
-                q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, backend=self.backend
-            )
+            return ring_attention(q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale,
+                                  backend=self.backend, valid_len=self.valid_len)
         inner = None if self.inner is None else (lambda q_, k_, v_, m_: self.inner(q_, k_, v_, m_))
-        return ulysses_attention(q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, inner=inner)
+        return ulysses_attention(q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, inner=inner,
+                                 valid_len=self.valid_len)

@@ -10,9 +10,10 @@ Token flow under CP (c = cp rank) and SP (t = tp rank), S = t*h*w video tokens::
     attention / MLP: all-gather over tp -> S/cp tokens -> (ring | all-to-all over cp) -> reduce-scatter
     final layer (local tokens) --gather tp, then cp--> unpatchify (all tokens)
 
-S that does not divide cp*tp(sp) is padded to the next multiple: the pad tokens form a segment of their
-own (segment ids for the CP cores; under SP alone a key mask hides them from real queries), get identity
-RoPE, and are dropped on the gather, so they change neither the output nor the gradients. Packed THD batches (``seg_ids`` given) are
+S that does not divide cp*tp(sp) is padded to the next multiple at the end: the CP cores cut the pad keys
+(``valid_len``: no mask, so flash/cuDNN kernels still run; under SP alone a key mask hides them from real
+queries), pad tokens get identity RoPE and are dropped on the gather, so they change neither the output
+nor the gradients. Packed THD batches (``seg_ids`` given) are
 cut into contiguous slices the same way (segments may straddle ranks; the packer pads N to a multiple of
 cp*tp(sp)): per-token modulation follows each local token's segment id, the CP cores get the slice's
 self-attention segment ids, and cross-attention gets a mask of the CP-local queries against the whole text.
@@ -84,13 +85,14 @@ class _ForwardViews:
 
     ``num_tokens``: S (or packed N) before padding; ``pad``: tokens appended so that S + pad divides
     cp*tp(sp); ``core_seg (1, (S+pad)/cp)``: self-attention segment ids for the CP cores (None = no
-    mask); ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
+    mask); ``core_valid_len``: the CP cores' keys are the first S tokens (padding cut, not masked); ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
     ``seg_local (S_local,)``: the packed segment of each local token.
     """
 
     num_tokens: int
     pad: int = 0
     core_seg: torch.Tensor | None = None
+    core_valid_len: int | None = None
     attn_mask: object = KEEP
     context_mask: object = KEEP
     seg_local: torch.Tensor | None = None
@@ -166,9 +168,9 @@ class _TokenParallel:
         pad = self._padding(n)
         if not pad:
             return _ForwardViews(n)
+        if self.cp_group is not None:  # the CP cores cut the trailing pad keys (unmasked kernels stay usable)
+            return _ForwardViews(n, pad, core_valid_len=n)
         seg = torch.cat([x.new_zeros(n, dtype=torch.long), x.new_ones(pad, dtype=torch.long)])  # pad: segment 1
-        if self.cp_group is not None:  # the CP cores mask by segment ids
-            return _ForwardViews(n, pad, core_seg=seg.chunk(self.cp)[self.cp_rank][None])
         # SP alone: attention sees all tokens; real queries must not see pad keys (pad queries may see anything:
         # nothing real depends on them), so an O(S) key mask does
         return _ForwardViews(n, pad, attn_mask=(seg == 0)[None, None, None, :])
@@ -217,7 +219,7 @@ class _TokenParallel:
         if block is not None:
             for m in block.modules():
                 if isinstance(m, cpl.ContextParallelCore):
-                    m.segment_ids = v.core_seg
+                    m.segment_ids, m.valid_len = v.core_seg, v.core_valid_len
         return bound.args, bound.kwargs
 
 
