@@ -160,6 +160,20 @@ class DiffusionModule(L.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.num_segments)
         return loss
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip through the precision plugin's ``clip_grad_by_norm`` / ``_by_value`` (the parallel strategy
+        makes the norm mesh-wide). Lightning's AMP plugin refuses to clip for fused optimizers (ours on CUDA)
+        because they unscale fp16 gradients inside ``step``; with no loss scaler (bf16, fp32) there is nothing
+        to unscale, so we clip directly. With a scaler (``16-mixed``) the optimizer is not fused
+        (``configure_optimizers``) and Lightning's own path runs."""
+        plugin = self.trainer.precision_plugin
+        if not gradient_clip_val or getattr(plugin, "scaler", None) is not None:
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_algorithm in (None, "norm"):
+            plugin.clip_grad_by_norm(optimizer, gradient_clip_val)
+        else:
+            plugin.clip_grad_by_value(optimizer, gradient_clip_val)
+
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """The optimizer step, then the EMA update: both before the callbacks' ``on_train_batch_end`` (where
         checkpoints are written), so that a checkpoint holds the EMA of its step and a resumed run's EMA
@@ -193,6 +207,8 @@ class DiffusionModule(L.LightningModule):
         groups = split_dtensor_groups([{"params": decay, "weight_decay": self.optim.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}])
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
+        if fused and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            fused = False  # fp16 loss scaling: gradients must be unscaled before clipping, outside the step
         opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
                                 fused=fused or None)
         max_steps = self.trainer.max_steps if self.trainer.max_steps > 0 else 10**9
