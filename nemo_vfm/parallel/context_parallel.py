@@ -308,17 +308,20 @@ def ulysses_attention(
     scale: float | None = None,
     inner=None,
     valid_len: int | None = None,
+    packed=None,
 ) -> torch.Tensor:
     """All-to-all context parallel attention: (B, H, S_local, D) in and out; H divisible by CP.
 
     ``inner(q, k, v, mask)`` computes full-sequence attention on H/CP heads (default SDPA).
     ``valid_len``: only the first ``valid_len`` tokens are keys (trailing padding is cut, not masked).
+    ``packed``: the whole THD stream's ``PackedAttention`` (varlen kernels on the GPU); used instead of a
+    dense mask built from ``segment_ids``, since after the all-to-all each rank holds the whole stream.
     """
     n = dist.get_world_size(group)
     if q.shape[1] % n:
         raise ValueError(f"all-to-all context parallel needs heads ({q.shape[1]}) divisible by cp={n}.")
-    mask = None
-    if segment_ids is not None:
+    mask = packed
+    if mask is None and segment_ids is not None:
         seg = gather_no_grad(segment_ids, 1, group) if n > 1 else segment_ids
         mask = _block_mask(seg, seg)
     if n > 1:
@@ -326,7 +329,12 @@ def ulysses_attention(
     if valid_len is not None:
         k, v = k[:, :, :valid_len], v[:, :, :valid_len]
         mask = None if mask is None else mask[..., :valid_len]
-    out = inner(q, k, v, mask) if inner is not None else _local_attention(q, k, v, mask, scale, "auto")
+    if inner is not None:
+        out = inner(q, k, v, mask)
+    elif packed is not None:
+        out = packed(q, k, v)
+    else:
+        out = _local_attention(q, k, v, mask, scale, "auto")
     return _HeadsToSeq.apply(out, group) if n > 1 else out
 
 
@@ -349,6 +357,7 @@ class ContextParallelCore(nn.Module):
         self.inner = inner
         self.segment_ids: torch.Tensor | None = None
         self.valid_len: int | None = None  # set per forward: real tokens before trailing padding
+        self.packed = None  # set per forward: the whole packed stream's PackedAttention (all-to-all uses it)
         self.scale: float | None = None
 
     def forward(self, q, k, v, mask=None):
@@ -362,4 +371,4 @@ class ContextParallelCore(nn.Module):
                                   backend=self.backend, valid_len=self.valid_len)
         inner = None if self.inner is None else (lambda q_, k_, v_, m_: self.inner(q_, k_, v_, m_))
         return ulysses_attention(q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, inner=inner,
-                                 valid_len=self.valid_len)
+                                 valid_len=self.valid_len, packed=self.packed)

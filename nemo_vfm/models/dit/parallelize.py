@@ -85,7 +85,8 @@ class _ForwardViews:
 
     ``num_tokens``: S (or packed N) before padding; ``pad``: tokens appended so that S + pad divides
     cp*tp(sp); ``core_seg (1, (S+pad)/cp)``: self-attention segment ids for the CP cores (None = no
-    mask); ``core_valid_len``: the CP cores' keys are the first S tokens (padding cut, not masked); ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
+    mask); ``core_valid_len``: the CP cores' keys are the first S tokens (padding cut, not masked);
+    ``core_packed``: the whole stream's self-attention (all-to-all cores run it with varlen kernels); ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
     ``seg_local (S_local,)``: the packed segment of each local token.
     """
 
@@ -93,6 +94,7 @@ class _ForwardViews:
     pad: int = 0
     core_seg: torch.Tensor | None = None
     core_valid_len: int | None = None
+    core_packed: PackedAttention | None = None
     attn_mask: object = KEEP
     context_mask: object = KEEP
     seg_local: torch.Tensor | None = None
@@ -194,8 +196,8 @@ class _TokenParallel:
         lo = self.cp_rank * (n // self.cp)
         hi = lo + n // self.cp
         local_cross = cross.restrict_queries(lo, hi) if isinstance(cross, PackedAttention) else KEEP
-        return _ForwardViews(n, core_seg=self_attn.seg_q[lo:hi][None], attn_mask=None, context_mask=local_cross,
-                             seg_local=seg_local)
+        return _ForwardViews(n, core_seg=self_attn.seg_q[lo:hi][None], core_packed=self_attn, attn_mask=None,
+                             context_mask=local_cross, seg_local=seg_local)
 
     def block_args(self, sig: inspect.Signature, args, kwargs, first: bool, block: nn.Module | None = None):
         bound = sig.bind(*args, **kwargs)
@@ -219,7 +221,7 @@ class _TokenParallel:
         if block is not None:
             for m in block.modules():
                 if isinstance(m, cpl.ContextParallelCore):
-                    m.segment_ids, m.valid_len = v.core_seg, v.core_valid_len
+                    m.segment_ids, m.valid_len, m.packed = v.core_seg, v.core_valid_len, v.core_packed
         return bound.args, bound.kwargs
 
 
