@@ -32,6 +32,7 @@ Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_
 ``save_distributed_checkpoint=False``; each fails before the model is built.
 """
 
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -192,6 +193,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
             self.pipeline = PipelineRunner(list(module.model), self._stage_ids, self.parallel_mesh,
                                            device=self.root_device, pp_duplicated=self.plan.PP_DUPLICATED)
+            self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
         self._install_clipping()
 
     def _parallelize(self, net) -> None:
@@ -276,7 +278,8 @@ class VFMParallelStrategy(ModelParallelStrategy):
             raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism (the stages "
                                       "take (B, C, T, H, W) latents); set data.max_seq_length=None or "
                                       "pipeline_model_parallel_size=1.")
-        batch, n = getattr(data, "batch_size", None), self.dims.pp_microbatches or self.dims.num_stages
+        batch = getattr(data, "micro_batch_size", None) or getattr(data, "batch_size", None)  # Energon | others
+        n = self.dims.pp_microbatches or self.dims.num_stages
         if isinstance(batch, int) and batch % n:
             raise ValueError(f"batch_size={batch} per data-parallel rank does not split into {n} pipeline "
                              f"micro-batches; make it a multiple of {n} or set microbatches to a divisor of it.")
@@ -309,9 +312,22 @@ class VFMParallelStrategy(ModelParallelStrategy):
         if x.shape[0] % n:
             raise ValueError(f"a batch of {x.shape[0]} samples per data-parallel rank does not split into {n} "
                              f"pipeline micro-batches; make the batch size a multiple of {n}.")
-        for stage in self.pipeline.stages:
+        patch = self.lightning_module.model_config.patch_size
+        tokens = math.prod(s // p for s, p in zip(latent_thw, patch))
+        if tokens % self.dims.token_split:  # checked on every rank: a raise on one stage only would hang the rest
+            raise ValueError(f"latents {tuple(latent_thw)} give {tokens} tokens, which do not split over "
+                             f"cp*tp(sp) = {self.dims.token_split} ranks; pipeline stages do not pad: use latent "
+                             "sizes whose token count divides it.")
+        runner = self._runners.get(tuple(x.shape))
+        if runner is None:  # a new bucket shape (or a last partial batch): its own P2P buffers
+            from nemo_vfm.parallel.pipeline import PipelineRunner
+
+            runner = self._runners[tuple(x.shape)] = PipelineRunner(
+                self.pipeline.stages, self._stage_ids, self.parallel_mesh, device=self.root_device,
+                pp_duplicated=self.plan.PP_DUPLICATED)
+        for stage in runner.stages:
             self.plan.set_stage_grid(stage, tuple(latent_thw))
-        return self.pipeline.step(x, loss_fn, **cond)
+        return runner.step(x, loss_fn, **cond)
 
     def _pipeline_backward(self, closure_loss):
         """The schedule already ran backward inside ``training_step``: call Lightning's backward hooks,

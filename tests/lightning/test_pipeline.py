@@ -264,3 +264,55 @@ def test_pipeline_knobs_checked_at_construction():
     with pytest.raises(ValueError, match="pp_schedule"):
         VFMParallelStrategy(pipeline_model_parallel_size=2, pipeline_schedule="zero_bubble")
     assert VFMParallelStrategy(pipeline_model_parallel_size=2).pipeline_parallel
+
+
+class _Buckets:
+    """Batches of two latent sizes, alternating (as Energon's buckets do), the same on every rank."""
+
+    def __new__(cls):
+        import lightning as L
+
+        class Buckets(L.LightningDataModule):
+            def train_dataloader(self):
+                g = torch.Generator().manual_seed(0)
+                batches = []
+                for i in range(8):
+                    t, h, w = ((2, 4, 4), (1, 4, 6))[i % 2]
+                    batches.append({"latents": torch.randn(2, 4, t, h, w, generator=g),
+                                    "context": torch.randn(2, 3, 16, generator=g),
+                                    "context_mask": torch.ones(2, 3, dtype=torch.bool)})
+                return torch.utils.data.DataLoader(batches, batch_size=None)
+
+        return Buckets()
+
+
+def _fit_buckets(rank, world, strategy_kw):
+    """Per-step losses of 4 steps over alternating latent sizes (rank 0)."""
+    import lightning as L
+
+    from nemo_vfm.diffusion.edm import EDM
+    from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
+
+    class Losses(L.Callback):
+        values: list = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.values.append(float(outputs["loss"]))
+
+    torch.manual_seed(7)
+    module = DiffusionModule(_config("dit"), EDM(), OptimConfig(lr=0.5, eps=10.0, warmup_steps=0), ema_decay=None,
+                             seed=7)
+    strategy = VFMParallelStrategy(**strategy_kw) if strategy_kw else "auto"
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=world, strategy=strategy, precision="32-true",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False, callbacks=[Losses()])
+    trainer.fit(module, datamodule=_Buckets())
+    return Losses.values if rank == 0 else None
+
+
+def test_pp_follows_changing_batch_shapes_like_one_process():
+    """A schedule sizes its P2P buffers at its first step: a new latent size gets its own runner."""
+    want = _fit_buckets(0, 1, None)
+    got = run_distributed(_fit_buckets, 2, dict(pipeline_model_parallel_size=2, **FP32))[0]
+    assert len(got) == len(want) == 4
+    assert got == pytest.approx(want, rel=1e-5), (got, want)

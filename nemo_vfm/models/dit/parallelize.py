@@ -307,6 +307,15 @@ def stage_layers(num_layers: int, num_stages: int) -> list[list[int]]:
     return [list(range(s * per, (s + 1) * per)) for s in range(num_stages)]
 
 
+def copy_stage(model: nn.Module, layers: list[int], drop: tuple[str, ...] = ()) -> nn.Module:
+    """A deep copy of ``model`` whose blocks outside ``layers`` are ``Identity`` and whose attributes
+    ``drop`` are None; what is dropped is never copied, so cutting a stage costs one stage of memory."""
+    keep = set(layers)
+    memo = {id(b): nn.Identity() for i, b in enumerate(model.blocks) if i not in keep}
+    memo.update({id(getattr(model, name)): None for name in drop if getattr(model, name) is not None})
+    return copy.deepcopy(model, memo)
+
+
 def make_stage(model: nn.Module, layers: list[int], first: bool, last: bool, tok: _TokenParallel) -> nn.Module:
     """A copy of ``model`` that keeps only ``layers`` (other blocks become ``Identity``), the patch
     embedding on the first stage, the final layer on the last, and the conditioning embedders on
@@ -316,15 +325,7 @@ def make_stage(model: nn.Module, layers: list[int], first: bool, last: bool, tok
     fps=None) -> tokens (B, S_local, D)`` or, on the last stage, the output (B, C_out, T, H, W).
     The latent grid ``(T, H, W)`` is set with :func:`set_stage_grid` before each step.
     """
-    stage = copy.deepcopy(model)
-    keep = set(layers)
-    for i in range(len(stage.blocks)):
-        if i not in keep:
-            stage.blocks[i] = nn.Identity()
-    if not first:
-        stage.patch_embed = None
-    if not last:
-        stage.final_layer = None
+    stage = copy_stage(model, layers, drop=(() if first else ("patch_embed",)) + (() if last else ("final_layer",)))
     stage._pp = {"first": first, "last": last, "layers": list(layers), "tok": tok, "grid": None}
     stage.forward = _stage_forward.__get__(stage)
     return stage

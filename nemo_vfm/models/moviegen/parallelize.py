@@ -16,11 +16,15 @@ Packed batches and token counts that do not divide cp*tp(sp) go through the DiT'
 
 from __future__ import annotations
 
-import copy
-
 from torch import nn
 
-from nemo_vfm.models.dit.parallelize import _install_token_hooks, _replace_cores, _TokenParallel, stage_layers
+from nemo_vfm.models.dit.parallelize import (
+    _install_token_hooks,
+    _replace_cores,
+    _TokenParallel,
+    copy_stage,
+    stage_layers,
+)
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
@@ -141,15 +145,8 @@ def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_k
     tok = _TokenParallel(pmesh)
     stages, ids = [], []
     for s in range(pmesh.rank("pp"), n, d.pp):
-        stage = copy.deepcopy(model)
-        keep = set(layers[s])
-        for i in range(len(stage.blocks)):
-            if i not in keep:
-                stage.blocks[i] = nn.Identity()
-        if s != 0:
-            stage.patch_embed = stage.pos_t = stage.pos_h = stage.pos_w = None
-        if s != n - 1:
-            stage.final_layer = None
+        drop = (() if s == 0 else ("patch_embed", "pos_t", "pos_h", "pos_w")) + (() if s == n - 1 else ("final_layer",))
+        stage = copy_stage(model, layers[s], drop)
         stage._pp = {"first": s == 0, "last": s == n - 1, "layers": layers[s], "tok": tok, "grid": None}
         stage.forward = _stage_forward.__get__(stage)
         parallelize_moviegen(stage, pmesh, blocks_only=True, **{"reshard_after_forward": False, **parallelize_kwargs})
