@@ -14,6 +14,7 @@ come from the last stage. Lightning's loop stays automatic (see ``optimizer_zero
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 
 import lightning as L
@@ -166,8 +167,10 @@ class DiffusionModule(L.LightningModule):
         because they unscale fp16 gradients inside ``step``; with no loss scaler (bf16, fp32) there is nothing
         to unscale, so we clip directly. With a scaler (``16-mixed``) the optimizer is not fused
         (``configure_optimizers``) and Lightning's own path runs."""
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
         plugin = self.trainer.precision_plugin
-        if not gradient_clip_val or getattr(plugin, "scaler", None) is not None:
+        if not gradient_clip_val or not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         if gradient_clip_algorithm in (None, "norm"):
             plugin.clip_grad_by_norm(optimizer, gradient_clip_val)
@@ -207,8 +210,13 @@ class DiffusionModule(L.LightningModule):
         groups = split_dtensor_groups([{"params": decay, "weight_decay": self.optim.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}])
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
-        if fused and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            fused = False  # fp16 loss scaling: gradients must be unscaled before clipping, outside the step
+        if fused and self.trainer.gradient_clip_val and getattr(self.trainer.precision_plugin, "scaler", None):
+            # fp16 loss scaling + clipping: gradients must be unscaled before clipping, outside the step
+            if self.optim.fused:
+                warnings.warn("OptimConfig.fused=True is ignored under precision '16-mixed' with gradient clipping "
+                              "(the fused AdamW unscales inside its step, after clipping); using the unfused AdamW.",
+                              stacklevel=2)
+            fused = False
         opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
                                 fused=fused or None)
         max_steps = self.trainer.max_steps if self.trainer.max_steps > 0 else 10**9

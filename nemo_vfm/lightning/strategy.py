@@ -373,6 +373,9 @@ class VFMParallelStrategy(ModelParallelStrategy):
         if not (path / ".metadata").is_file():
             raise ValueError(f"{path} is not a sharded (DCP) checkpoint; a pipeline-parallel run resumes from the "
                              "sharded folders it writes.")
+        if flat is None and self.optimizers:
+            raise ValueError(f"{path} holds no optimizer state, so training cannot resume from it; start a new run "
+                             "and load its weights (nemo_vfm.inference.checkpoint / the module's state_dict).")
         if flat is False and self.optimizers:
             raise ValueError(f"{path} was saved without pipeline parallelism (nested optimizer state); resume it with "
                              "pipeline_model_parallel_size=1, or start a pipeline-parallel run from its weights only.")

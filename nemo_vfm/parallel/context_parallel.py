@@ -315,11 +315,15 @@ def ulysses_attention(
     ``inner(q, k, v, mask)`` computes full-sequence attention on H/CP heads (default SDPA).
     ``valid_len``: only the first ``valid_len`` tokens are keys (trailing padding is cut, not masked).
     ``packed``: the whole THD stream's ``PackedAttention`` (varlen kernels on the GPU); used instead of a
-    dense mask built from ``segment_ids``, since after the all-to-all each rank holds the whole stream.
+    dense mask built from ``segment_ids``, since after the all-to-all each rank holds the whole stream (it
+    applies the default 1/sqrt(D) scale).
     """
     n = dist.get_world_size(group)
     if q.shape[1] % n:
         raise ValueError(f"all-to-all context parallel needs heads ({q.shape[1]}) divisible by cp={n}.")
+    if packed is not None and valid_len is not None:
+        raise ValueError("ulysses_attention takes packed or valid_len, not both (a packed stream has no trailing "
+                         "padding to cut: its padding is a segment of the PackedAttention).")
     mask = packed
     if mask is None and segment_ids is not None:
         seg = gather_no_grad(segment_ids, 1, group) if n > 1 else segment_ids
