@@ -58,7 +58,8 @@ def main() -> int:
     ap.add_argument("--text-len", type=int, default=512)
     ap.add_argument("--ac", choices=("none", "full", "selective", "selective_op"), default="full")
     ap.add_argument("--attention-backend", default="auto", choices=("auto", "flash", "cudnn", "math"),
-                    help="ring: the per-block kernel; a2a and local attention: the SDPA backend")
+                    help="ring: the per-block kernel; flash/cudnn also set the global SDPA backend (a2a, "
+                         "cross-attention)")
     ap.add_argument("--optimizer", choices=("adamw", "sgd"), default=None)
     ap.add_argument("--pure-bf16", action="store_true", default=None, help="bf16 weights (no fp32 master copy)")
     ap.add_argument("--compile", action="store_true")
