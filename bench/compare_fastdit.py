@@ -96,7 +96,7 @@ def fastdit_case(models, create_diffusion, batch: int, ckpt: bool, steps: int, w
             return loss
 
         torch.cuda.reset_peak_memory_stats()
-        times = time_steps(step, steps, warmup, device)
+        times, _ = time_steps(step, steps, warmup, device)
         dt = statistics.median(times)
         cfg_flops = dit_forward_flops(_xl_cfg(), [256] * batch).train_step
         peak = peak_tflops(torch.cuda.get_device_name(device))

@@ -86,6 +86,8 @@ class BenchSettings:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.steps < 1 or self.warmup < 0 or self.batch < 1:
             raise ValueError("steps and batch must be >= 1 and warmup >= 0")
+        if self.compile_mode and not self.compile:
+            raise ValueError("compile_mode needs compile=True (drop --no-compile)")
         if self.packed is not None and self.original:
             raise ValueError("packed batches need a text-conditioned config: drop --original")
         from nemo_vfm.parallel.float8 import check_float8
@@ -267,26 +269,26 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_steps(step, steps: int, warmup: int, device) -> list[float]:
-    """Seconds per step of ``steps`` steps after ``warmup`` untimed ones (CUDA events on GPU)."""
-    for _ in range(warmup):
-        step()
+def time_steps(step, steps: int, warmup: int, device) -> tuple[list[float], list[float]]:
+    """Seconds per step of ``steps`` steps after ``warmup`` untimed ones (CUDA events on GPU), and the
+    losses of every step (read after the timing, so that no step waits for the host)."""
+    losses = [step().detach() for _ in range(warmup)]
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         ev[0].record()
         for i in range(steps):
-            step()
+            losses.append(step().detach())
             ev[i + 1].record()
         torch.cuda.synchronize()
-        return [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(steps)]
+        return [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(steps)], [float(v) for v in losses]
     out = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        step()
+        losses.append(step().detach())
         out.append(time.perf_counter() - t0)
-    return out
+    return out, [float(v) for v in losses]
 
 
 def kernel_profile(step, device, top: int = 15) -> dict:
@@ -333,11 +335,10 @@ def run_case(s: BenchSettings, device: torch.device) -> dict:
     try:
         model, step, flops, seq_lens = build_step(s, device)
         t_build = time.perf_counter()
-        times = time_steps(step, s.steps, s.warmup, device)
+        times, losses = time_steps(step, s.steps, s.warmup, device)
         res["warmup_s"] = round(time.perf_counter() - t_build - sum(times), 2)
-        loss = float(step())
-        if not math.isfinite(loss):  # a broken step can look fast: never report its speed
-            raise FloatingPointError(f"non-finite loss {loss} after {s.warmup + s.steps} steps")
+        if not all(map(math.isfinite, losses)):  # a broken step can look fast: never report its speed
+            raise FloatingPointError(f"non-finite losses {losses}")
         dt = statistics.median(times)
         samples, tokens = len(seq_lens), sum(seq_lens)
         tflops = flops.train_step / dt / 1e12

@@ -92,16 +92,10 @@ class InferenceLayout:
 
 
 def family_plan(model_or_config):
-    """The ``parallelize`` module of a model family (``nemo_vfm.models.<family>.parallelize``), imported
-    without Lightning (generation needs only torch)."""
-    import importlib
+    """:func:`nemo_vfm.models.plan.family_plan`, for generation."""
+    from nemo_vfm.models.plan import family_plan as plan
 
-    package = type(model_or_config).__module__.rsplit(".", 1)[0]
-    try:
-        return importlib.import_module(package + ".parallelize")
-    except ModuleNotFoundError as e:
-        raise NotImplementedError(f"{type(model_or_config).__name__} has no parallel plan ({package}.parallelize); "
-                                  "generate with it in one process") from e
+    return plan(model_or_config, "generate with it in one process")
 
 
 def check_model_layout(model_config, layout: InferenceLayout, latent_thw: tuple[int, int, int] | None = None,

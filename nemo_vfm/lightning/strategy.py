@@ -44,16 +44,10 @@ from nemo_vfm.parallel.dims import ParallelDims
 
 
 def family_plan(model_or_config):
-    """The ``parallelize`` module of a model family (``nemo_vfm.models.<family>.parallelize``): it exports
-    ``parallelize``, ``check_layout``, ``TP_PARTIAL`` and ``PP_DUPLICATED``."""
-    import importlib
+    """:func:`nemo_vfm.models.plan.family_plan`, for training."""
+    from nemo_vfm.models.plan import family_plan as plan
 
-    package = type(model_or_config).__module__.rsplit(".", 1)[0]
-    try:
-        return importlib.import_module(package + ".parallelize")
-    except ModuleNotFoundError as e:
-        raise NotImplementedError(f"{type(model_or_config).__name__} has no parallel plan ({package}.parallelize); "
-                                  "train it without VFMParallelStrategy") from e
+    return plan(model_or_config, "train it without VFMParallelStrategy")
 
 
 class VFMParallelStrategy(ModelParallelStrategy):

@@ -133,9 +133,9 @@ def forward_loss(model, b: dict) -> torch.Tensor:
 
 def plan_of(cfg):
     """The parallel plan module of ``cfg``'s model family (``nemo_vfm.models.<family>.parallelize``)."""
-    import importlib
+    from nemo_vfm.models.plan import family_plan
 
-    return importlib.import_module(type(cfg).__module__.rsplit(".", 1)[0] + ".parallelize")
+    return family_plan(cfg)
 
 
 def per_sample_loss(out: torch.Tensor, b: dict, idx: torch.Tensor) -> torch.Tensor:

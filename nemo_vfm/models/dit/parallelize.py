@@ -86,7 +86,8 @@ class _ForwardViews:
     ``num_tokens``: S (or packed N) before padding; ``pad``: tokens appended so that S + pad divides
     cp*tp(sp); ``core_seg (1, (S+pad)/cp)``: self-attention segment ids for the CP cores (None = no
     mask); ``core_valid_len``: the CP cores' keys are the first S tokens (padding cut, not masked);
-    ``core_packed``: the whole stream's self-attention (all-to-all cores run it with varlen kernels); ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
+    ``core_packed``: the whole stream's self-attention (all-to-all cores run it with varlen kernels);
+    ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
     ``seg_local (S_local,)``: the packed segment of each local token.
     """
 
