@@ -268,20 +268,26 @@ def parallelize_dit(
     blocks_only: bool = False,
     float8: str | None = None,
     float8_modules: str = "mlp",
+    check=check_layout,
+    tp_plan: dict[str, str] = TP_PLAN,
+    sp_input_arity: dict[str, int] = SP_INPUT_ARITY,
 ) -> nn.Module:
     """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
 
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
+    ``check``, ``tp_plan``, ``sp_input_arity``: the family's own (MovieGen's blocks follow the DiT layout).
     """
     d = pmesh.dims
-    check_layout(model.cfg, d)
+    if d.pp > 1 and not blocks_only:
+        raise ValueError("under pipeline parallelism build the stages with build_pipeline_stages(model, pmesh)")
+    check(model.cfg, d)
     check_float8(float8, float8_modules, d.tp)
     blocks = model.blocks
     owned = [b for b in blocks if not isinstance(b, nn.Identity)]
     if d.tp > 1:
-        apply_tensor_parallel(owned, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
-                              sp_input_arity=SP_INPUT_ARITY)
+        apply_tensor_parallel(owned, pmesh.get("tp"), tp_plan, sequence_parallel=d.sequence_parallel,
+                              sp_input_arity=sp_input_arity)
     if d.cp > 1:
         _replace_cores(owned, pmesh, attention_backend)
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:

@@ -16,22 +16,18 @@ Packed batches and token counts that do not divide cp*tp(sp) go through the DiT'
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 
 from nemo_vfm.models.dit.parallelize import (
-    _install_token_hooks,
-    _replace_cores,
     _TokenParallel,
     copy_stage,
+    parallelize_dit,
     stage_layers,
 )
-from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
-from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
-from nemo_vfm.parallel.float8 import apply_float8, check_float8
-from nemo_vfm.parallel.fsdp import apply_fsdp
 from nemo_vfm.parallel.mesh import ParallelMesh
-from nemo_vfm.parallel.tensor_parallel import apply_tensor_parallel
 
 TP_PLAN: dict[str, str] = {
     "attn": "sp_input",
@@ -61,50 +57,9 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
                      pad_tokens=dims.pp == 1)  # padded under CP/SP, as for the DiT
 
 
-def parallelize_moviegen(
-    model: nn.Module,
-    pmesh: ParallelMesh,
-    *,
-    activation_checkpointing: str = "none",
-    ac_every: int = 2,
-    compile: bool = False,
-    param_dtype: str | None = "bf16",
-    reduce_dtype: str | None = "fp32",
-    attention_backend: str = "auto",
-    reshard_after_forward: bool = True,
-    blocks_only: bool = False,
-    float8: str | None = None,
-    float8_modules: str = "mlp",
-) -> nn.Module:
-    """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
-
-    ``blocks_only``: a pipeline stage that splits/gathers its tokens itself (no model-level hooks).
-    ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``)."""
-    if pmesh.dims.pp > 1 and not blocks_only:
-        raise ValueError("under pipeline parallelism build the stages with build_pipeline_stages(model, pmesh)")
-    d = pmesh.dims
-    check_layout(model.cfg, d)
-    check_float8(float8, float8_modules, d.tp)
-    blocks = [b for b in model.blocks if not isinstance(b, nn.Identity)]
-    if d.tp > 1:
-        apply_tensor_parallel(blocks, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
-                              sp_input_arity=SP_INPUT_ARITY)
-    if d.cp > 1:
-        _replace_cores(blocks, pmesh, attention_backend)
-    if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
-        _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
-    if float8:
-        apply_float8(nn.ModuleList(blocks), float8, float8_modules)
-    apply_activation_checkpointing(model.blocks, activation_checkpointing, ac_every)
-    if compile:
-        compile_blocks(model.blocks)
-    if d.fsdp:
-        blocks = [b for b in model.blocks if not isinstance(b, nn.Identity)]
-        apply_fsdp(model, blocks, pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                   reshard_after_forward=reshard_after_forward)
-    return model
-
-
+# TP/SP, CP, FP8, activation checkpointing, compile and FSDP as for the DiT, with MovieGen's checks and TP plan
+parallelize_moviegen = functools.partial(parallelize_dit, check=check_layout, tp_plan=TP_PLAN,
+                                         sp_input_arity=SP_INPUT_ARITY)
 parallelize = parallelize_moviegen  # the family-generic name
 
 
