@@ -94,7 +94,7 @@ def with_compile(recipe: run.Partial) -> run.Partial:
 
 def with_float8(recipe: run.Partial, scaling: str = "tensorwise", modules: str = "all") -> run.Partial:
     """FP8 training of the blocks' linears through torchao (``scaling``: "tensorwise" | "rowwise";
-    ``modules``: "mlp" | "all"), with compiled blocks, where it pays: wide models (-12% step time for DiT-7B
+    ``modules``: "mlp" | "all"), with compiled blocks, where it pays: wide models (-12% forward+backward time for DiT-7B
     at 8k tokens on an H100), not DiT-XL (docs/benchmarks.md). Not with tensor parallelism. The defaults are
     what measured fastest there (tensorwise, every linear; rowwise gained nothing), not the strategy's
     conservative ``mlp``/off."""
