@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from nemo_vfm.diffusion.conditioning import drop_condition
 
@@ -167,8 +168,6 @@ class DiffusionModule(L.LightningModule):
         because they unscale fp16 gradients inside ``step``; with no loss scaler (bf16, fp32) there is nothing
         to unscale, so we clip directly. With a scaler (``16-mixed``) the optimizer is not fused
         (``configure_optimizers``) and Lightning's own path runs."""
-        from lightning.pytorch.plugins.precision import MixedPrecision
-
         plugin = self.trainer.precision_plugin
         if not gradient_clip_val or not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
