@@ -10,6 +10,7 @@ last complete checkpoint when one exists, trains, and writes preview samples.
         checkpoints/         step=N.ckpt (written atomically; the highest complete one is resumed)
         tb/                  TensorBoard logs
         metrics.jsonl        per-step training metrics; loss_curve.png at the end
+        perf.jsonl           throughput per log step (samples/s, tokens/s, TFLOP/s, MFU, peak memory)
         samples/             step=N.mp4 / .gif / .txt previews
 """
 
@@ -163,10 +164,15 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         ModelCheckpoint(dirpath=ckpt_dir, filename="{step:08d}", every_n_train_steps=trainer_cfg.checkpoint_every_n_steps,
                         save_top_k=trainer_cfg.keep_last_n_checkpoints, monitor="step", mode="max",
                         save_on_train_epoch_end=False),
-        ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1))),
-        MetricsHistory(exp_dir),
+        ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1)), model_config=model,
+                         out=exp_dir / "perf.jsonl"),
+        MetricsHistory(exp_dir, trainer_cfg.log_every_n_steps),
         *trainer_cfg.callbacks,
     ]
+    if trainer_cfg.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
+        from lightning.pytorch.callbacks import TQDMProgressBar
+
+        callbacks.append(TQDMProgressBar(refresh_rate=trainer_cfg.log_every_n_steps))
     samples = None
     if sampling.enabled and hasattr(data, "build_encoders") and getattr(trainer_cfg.strategy, "pipeline_parallel", False):
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
@@ -175,11 +181,15 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         samples = SampleVideos(exp_dir, _sample_fn(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
         callbacks.append(samples)
     loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
+    devices = trainer_cfg.devices
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun / srun launchers
+    if devices == 1 and local_world > 1:  # a one-device recipe (e.g. the CPU quickstart) run under torchrun
+        devices = local_world
     precision = trainer_cfg.precision
     if precision == "bf16-mixed" and not torch.cuda.is_available():
         precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs
     pl_trainer = L.Trainer(
-        max_steps=trainer_cfg.max_steps, devices=trainer_cfg.devices, num_nodes=trainer_cfg.num_nodes,
+        max_steps=trainer_cfg.max_steps, devices=devices, num_nodes=trainer_cfg.num_nodes,
         accelerator=trainer_cfg.accelerator, precision=precision, strategy=trainer_cfg.strategy,
         accumulate_grad_batches=trainer_cfg.accumulate_grad_batches, gradient_clip_val=trainer_cfg.gradient_clip_val,
         log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,

@@ -73,6 +73,7 @@ class DiffusionModule(L.LightningModule):
         self.ema_decay, self.cond_dropout, self.seed = ema_decay, cond_dropout, seed
         self.model: torch.nn.Module | None = None
         self.ema: torch.nn.Module | None = None
+        self.step_metrics: dict = {}  # the last step's loss and logs (device tensors): see _log_step
         # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
         self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay})
 
@@ -117,12 +118,18 @@ class DiffusionModule(L.LightningModule):
             loss, logs = self._pipeline_loss(x0, cond, batch.get("loss_mask"), g)
         else:
             loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
-        bs = x0.shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        for k, v in logs.items():
-            self.log(f"train/{k}", v, batch_size=bs)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
+        self._log_step(loss, logs, x0.shape[0])
         return loss
+
+    def _log_step(self, loss: torch.Tensor, logs: dict, batch_size: int) -> None:
+        """Log the step's scalars (Lightning reads them at log steps) and keep them, still on the device, in
+        ``step_metrics`` for per-step history without a host sync (``MetricsHistory``)."""
+        lr = self.optimizers().param_groups[0]["lr"]
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        for k, v in logs.items():
+            self.log(f"train/{k}", v, batch_size=batch_size)
+        self.log("train/lr", lr, batch_size=batch_size)
+        self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
 
     def _pipeline_loss(self, x0, cond: dict, loss_mask, g) -> tuple[torch.Tensor, dict]:
         """Forward and backward through this rank's stages; the loss (sum of the micro-batch shares) and
@@ -156,10 +163,7 @@ class DiffusionModule(L.LightningModule):
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
         g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device)
         loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_segments)
-        for k, v in logs.items():
-            self.log(f"train/{k}", v, batch_size=batch.num_segments)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.num_segments)
+        self._log_step(loss, logs, batch.num_segments)
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

@@ -71,7 +71,8 @@ class ParallelDims:
                 f"layout pp*dp_replicate*dp_shard*cp*tp = {self.pp}*{self.dp_replicate}*{self.dp_shard}*"
                 f"{self.cp}*{self.tp} = {product} does not match world size {self.world_size}; make them equal."
             )
-        if self.fsdp is None:
+        if self.fsdp is None or self.world_size == 1:
+            # one process: nothing to shard over, FSDP would only add copies (and its bf16 weight casts)
             self.fsdp = self.dp_shard > 1
         if self.dp_shard > 1 and not self.fsdp:
             raise ValueError(

@@ -118,24 +118,27 @@ def total_grad_norm(
 
     ``model``: the module, or this rank's pipeline stage modules. Each rank adds its local squared
     norms divided by the number of ranks holding the same piece, and one all-reduce over the world
-    sums them. Duplicated conditioning parameters count once.
+    sums them. Duplicated conditioning parameters count once. The local norms are multi-tensor
+    (``torch._foreach_norm``) kernels, one per (device, dtype, weight) group, and nothing waits for the host.
     """
     modules = model if isinstance(model, (list, tuple)) else [model]
-    device = None
-    sq = None
+    groups: dict[tuple, list[torch.Tensor]] = {}  # (device, dtype, 1 / copies) -> local gradients
     for mod in modules:
         for n, p in mod.named_parameters():
             if p.grad is None:
                 continue
             g = _local(p.grad)
-            device = g.device
             dup = _matches(clean_name(n), pp_duplicated)
-            term = g.float().pow(2).sum() / (_copies(p, pmesh, dup) * (len(modules) if dup else 1))
-            sq = term if sq is None else sq + term
-    if sq is None:
-        sq = torch.zeros((), device=device or torch.device(pmesh.device_type))
-    sq = sq.to(torch.float64)
-    dist.all_reduce(sq, op=dist.ReduceOp.SUM)
+            weight = 1.0 / (_copies(p, pmesh, dup) * (len(modules) if dup else 1))
+            groups.setdefault((g.device, g.dtype, weight), []).append(g)
+    terms = []
+    for (device, _, weight), grads in groups.items():
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)  # fp32 norms of bf16 gradients too
+        terms.append(torch.stack(norms).to(torch.float64).pow(2).sum().to(device) * weight)
+    device = next(iter(groups))[0] if groups else torch.device(pmesh.device_type)
+    sq = torch.stack(terms).sum() if terms else torch.zeros((), dtype=torch.float64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM)
     return sq.sqrt().float()
 
 
@@ -143,13 +146,18 @@ def total_grad_norm(
 def clip_grad_norm_(
     model: nn.Module | list[nn.Module], max_norm: float, pmesh: ParallelMesh, *, pp_duplicated: tuple[str, ...] = ()
 ) -> torch.Tensor:
-    """Scale all gradients so that their global norm is at most ``max_norm``; return the norm before."""
+    """Scale all gradients so that their global norm is at most ``max_norm``; return the norm before.
+    One multi-tensor scale per (device, dtype) group; the coefficient stays on the device (no host sync)."""
     norm = total_grad_norm(model, pmesh, pp_duplicated=pp_duplicated)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    groups: dict[tuple, list[torch.Tensor]] = {}
     for mod in model if isinstance(model, (list, tuple)) else [model]:
         for p in mod.parameters():
             if p.grad is not None:
-                _local(p.grad).mul_(coef.to(_local(p.grad).device))
+                g = _local(p.grad)
+                groups.setdefault((g.device, g.dtype), []).append(g)
+    for (device, _), grads in groups.items():
+        torch._foreach_mul_(grads, coef.to(device))
     return norm
 
 

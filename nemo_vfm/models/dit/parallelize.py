@@ -261,6 +261,7 @@ def parallelize_dit(
     activation_checkpointing: str = "none",
     ac_every: int = 2,
     compile: bool = False,
+    fuse_qkv: bool = False,
     param_dtype: str | None = "bf16",
     reduce_dtype: str | None = "fp32",
     attention_backend: str = "auto",
@@ -275,6 +276,7 @@ def parallelize_dit(
     """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
 
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
+    ``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
     ``check``, ``tp_plan``, ``sp_input_arity``: the family's own (MovieGen's blocks follow the DiT layout).
     """
@@ -294,6 +296,9 @@ def parallelize_dit(
         _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
     if float8:
         apply_float8(nn.ModuleList(owned), float8, float8_modules)
+    for block in owned:
+        if hasattr(getattr(block, "attn", None), "fuse_qkv"):
+            block.attn.fuse_qkv = fuse_qkv
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)

@@ -1,7 +1,7 @@
 """The analytic FLOP counter against hand counts."""
 
 import pytest
-from flops import dit_forward_flops, mfu, peak_tflops
+from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops
 
 from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
 
