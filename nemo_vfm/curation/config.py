@@ -41,11 +41,13 @@ class CurationConfig:
     preset: str = "veryfast"
     # filters
     min_height: int = 0  # of the source video
-    min_motion: float = 0.002  # mean |RGB difference| of consecutive frames, in [0, 1]
+    # motion on the changed region (nemo_vfm/curation/filters.py; calibrated in tests/curation/test_motion_calibration.py)
+    min_motion: float = 1e-3  # optical-flow speed of the changed region, frame heights per frame
+    min_moving_area: float = 3e-4  # share of pixels that change between frames (mean over frame pairs)
+    change_threshold: float = 0.06  # a pixel changed when an RGB value moved by more than this (in [0, 1])
     black_luma: float = 0.06  # a frame darker than this (mean luma in [0, 1]) counts as black
     max_black_fraction: float = 0.9
-    frozen_diff: float = 0.0005
-    max_frozen_fraction: float = 0.5
+    max_frozen_fraction: float = 0.5  # share of frame pairs with no changed region
     scorers: dict = field(default_factory=dict)  # {"module:function": min_score}
     # caption and embedding
     caption: str = "auto"  # auto | sidecar | template | vlm | none

@@ -70,8 +70,9 @@ def build_stages(config: CurationConfig, staging_root: Path) -> list:
         TranscodeStage(fps=c.fps, height=c.height, width=c.width, aspect=c.aspect, upscale=c.upscale, crf=c.crf,
                        preset=c.preset),
         FilterStage(min_duration_s=c.min_clip_s, min_height=c.min_height, min_motion=c.min_motion,
-                    black_luma=c.black_luma, max_black_fraction=c.max_black_fraction, frozen_diff=c.frozen_diff,
-                    max_frozen_fraction=c.max_frozen_fraction, scorers=c.scorers),
+                    min_moving_area=c.min_moving_area, change_threshold=c.change_threshold, black_luma=c.black_luma,
+                    max_black_fraction=c.max_black_fraction, max_frozen_fraction=c.max_frozen_fraction,
+                    scorers=c.scorers),
     ]
     if c.embed != "none":
         stages.append(EmbedStage(kind=c.embed))
