@@ -2,12 +2,12 @@
 
 Tars are byte-for-byte reproducible (sorted members, zero mtimes and owners) and written atomically
 (``.tmp`` then rename). ``energon prepare`` runs non-interactively with sample type
-``CrudeWebdataset`` and split ``1,0,0`` (all train), writing ``*.tar.idx`` and ``.nv-meta/``.
+``CrudeWebdataset`` and split ``1,0,0`` (all train), writing ``*.tar.idx`` and ``.nv-meta/``
+atomically (:mod:`nemo_vfm.data.energon_index`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import tarfile
@@ -51,16 +51,11 @@ def pack_shards(clip_rows: list[dict], staging_root: Path, shards_dir: Path, sha
 
 
 def energon_prepare(shards_dir: Path) -> None:
-    """Run ``energon prepare`` on ``shards_dir`` (CrudeWebdataset, all samples in the train split)."""
-    from megatron.energon.tools.prepare import command
+    """Index ``shards_dir`` for Energon (CrudeWebdataset, all samples in the train split), atomically.
 
-    args = [str(shards_dir), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type", "CrudeWebdataset",
-            "--force-overwrite", "--num-workers", "1", "--no-progress"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        try:
-            command.main(args=args, standalone_mode=False)
-        except Exception as e:
-            raise RuntimeError(f"energon prepare failed on {shards_dir}: {e}\n{out.getvalue()[-2000:]}") from e
-    if not (shards_dir / ".nv-meta" / "dataset.yaml").is_file():
-        raise RuntimeError(f"energon prepare wrote no .nv-meta/dataset.yaml in {shards_dir}:\n{out.getvalue()[-2000:]}")
+    See :func:`nemo_vfm.data.energon_index.index_dataset`: a kill leaves the previous index or none,
+    and an incomplete ``.nv-meta`` from an interrupted run is rebuilt.
+    """
+    from nemo_vfm.data.energon_index import index_dataset
+
+    index_dataset(shards_dir)

@@ -2,7 +2,11 @@
 
 A shard is written as ``<name>.tar.partial`` and renamed to ``<name>.tar`` only when complete; then a
 line goes into ``.prepare/rank<R>.jsonl`` naming the keys (and the failed inputs) it covers. A crash
-loses at most the shard being written, and energon (which indexes ``*.tar``) never sees it.
+loses at most the shard being written, and energon (which indexes ``*.tar``) never sees it. A torn
+last manifest line (a kill or a full disk during the append) is repaired before this rank appends
+again, and the complete shard it described is re-registered from the tar itself (:meth:`Manifest.recover`),
+so its keys are never prepared twice. A write that fails (``OSError``, e.g. a full disk) removes its
+partial shard and raises an error naming the file; finished shards and manifest lines stay.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import os
 import tarfile
 import time
 from pathlib import Path
+
+from nemo_vfm.io.jsonl import read_jsonl, repair_jsonl, write_error
 
 STATE_DIR = ".prepare"
 
@@ -41,16 +47,13 @@ class Manifest:
     def entries(self) -> list[dict]:
         rows = []
         for f in sorted(self.dir.glob("rank*.jsonl")):
-            for line in f.read_text().splitlines():
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:  # a torn last line after a crash
-                        pass
+            rows += read_jsonl(f)  # a torn last line after a crash is skipped (and repaired by its rank)
         return rows
 
     def recover(self, rank: int) -> None:
-        """Delete this rank's partial shards; add manifest lines for complete shards that lack one."""
+        """Repair a torn last manifest line, delete this rank's partial shards, register complete shards that
+        lack a manifest line (their keys read from the tar)."""
+        repair_jsonl(self.dir / f"rank{rank}.jsonl")
         for p in self.out.glob(f"shard-r{rank:04d}-*.tar.partial"):
             p.unlink()
         known = {e["shard"] for e in self.entries() if e.get("shard")}
@@ -70,11 +73,16 @@ class Manifest:
         return max(idx) + 1 if idx else 0
 
     def append(self, rank: int, entry: dict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / f"rank{rank}.jsonl", "a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        path = self.dir / f"rank{rank}.jsonl"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            repair_jsonl(path)  # cheap (reads the tail); never glue a row onto a torn line
+            with open(path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise write_error(path, e, "appending to the prepare manifest") from e
 
 
 class ShardWriter:
@@ -108,15 +116,19 @@ class ShardWriter:
             final = self.out / name
             tmp = final.with_name(final.name + ".partial")
             now = time.time()
-            with tarfile.open(tmp, "w") as tf:
-                for key, parts in self.samples:
-                    for part, data in parts.items():
-                        info = tarfile.TarInfo(f"{key}.{part}")
-                        info.size, info.mtime = len(data), now
-                        tf.addfile(info, io.BytesIO(data))
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
+            try:
+                with tarfile.open(tmp, "w") as tf:
+                    for key, parts in self.samples:
+                        for part, data in parts.items():
+                            info = tarfile.TarInfo(f"{key}.{part}")
+                            info.size, info.mtime = len(data), now
+                            tf.addfile(info, io.BytesIO(data))
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                raise write_error(final, e, f"writing shard ({len(self.samples)} samples)") from e
             self.index += 1
             self.shards_written.append(name)
         self.manifest.append(self.rank, {"shard": name, "keys": [k for k, _ in self.samples], "errors": self.errors})
