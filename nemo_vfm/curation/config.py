@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ts", ".flv", ".wmv",
@@ -48,6 +49,9 @@ class CurationConfig:
     black_luma: float = 0.06  # a frame darker than this (mean luma in [0, 1]) counts as black
     max_black_fraction: float = 0.9
     max_frozen_fraction: float = 0.5  # share of frame pairs with no changed region
+    # near-duplicates: a kept clip whose embedding has cosine similarity >= dedup_threshold with an earlier kept
+    # clip (any input, sorted order) is filtered; needs embed != "none"; null turns it off
+    dedup_threshold: float | None = 0.98
     scorers: dict = field(default_factory=dict)  # {"module:function": min_score}
     # caption and embedding
     caption: str = "auto"  # auto | sidecar | template | vlm | none
@@ -60,6 +64,18 @@ class CurationConfig:
     energon_prepare: bool = True
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # numbers from the CLI arrive parsed: reject "abc", true, [1] early
+            value, args = getattr(self, f.name), typing.get_args(f.type) or (f.type,)
+            if value is None and type(None) in args:
+                continue
+            if int in args and float not in args and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"CurationConfig.{f.name} must be an integer, got {value!r}")
+            if float in args and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+                raise ValueError(f"CurationConfig.{f.name} must be a number, got {value!r}")
+            if bool in args and not isinstance(value, bool):
+                raise ValueError(f"CurationConfig.{f.name} must be true or false, got {value!r}")
+            if str in args and not isinstance(value, str):
+                raise ValueError(f"CurationConfig.{f.name} must be a string, got {value!r}")
         choices = {"engine": ("ray", "local"), "split": ("shots", "stride"),
                    "aspect": ("keep", "center_crop", "pad", "stretch"),
                    "caption": ("auto", "sidecar", "template", "vlm", "none")}
@@ -72,6 +88,14 @@ class CurationConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"CurationConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("min_motion", "min_moving_area", "black_luma", "max_black_fraction", "max_frozen_fraction",
+                     "change_threshold"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"CurationConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.dedup_threshold is not None and not 0 < self.dedup_threshold <= 1:
+            raise ValueError(f"CurationConfig.dedup_threshold must be in (0, 1] or null (off), got {self.dedup_threshold}")
+        if not 0 <= self.crf <= 51 or self.min_height < 0:
+            raise ValueError(f"CurationConfig.crf must be in [0, 51] and min_height >= 0, got {self.crf}, {self.min_height}")
         if not 0 <= self.min_clip_s <= self.max_clip_s:
             raise ValueError(f"CurationConfig.min_clip_s must be in [0, max_clip_s={self.max_clip_s}], got {self.min_clip_s}")
         if self.num_workers is not None and self.num_workers < 1:

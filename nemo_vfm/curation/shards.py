@@ -16,15 +16,21 @@ from pathlib import Path
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
     """Write ``(name, data)`` members to a deterministic tar, atomically."""
+    from nemo_vfm.io.jsonl import write_error
+
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
+    try:
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, e, "writing shard") from e
     return path
 
 

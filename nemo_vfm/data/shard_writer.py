@@ -62,11 +62,20 @@ class Manifest:
                 self.append(rank, {"shard": p.name, "keys": _tar_keys(p), "errors": [], "recovered": True})
 
     def done_keys(self) -> set[str]:
+        """Keys held by a finished shard (of any rank)."""
         done = set()
         for e in self.entries():
             done.update(e.get("keys", []))
-            done.update(err["key"] for err in e.get("errors", []))
         return done
+
+    def failed(self) -> dict[str, dict]:
+        """Key -> its latest failure record (``key``, ``source``, ``reason``, ``fingerprint``), for keys not in a shard."""
+        done, out = self.done_keys(), {}
+        for e in self.entries():
+            for err in e.get("errors", []):
+                if err["key"] not in done:
+                    out[err["key"]] = err
+        return out
 
     def next_index(self, rank: int) -> int:
         idx = [int(p.name.split("-")[2].split(".")[0]) for p in self.out.glob(f"shard-r{rank:04d}-*.tar")]
@@ -103,8 +112,8 @@ class ShardWriter:
         if len(self.samples) >= self.n:
             self.flush()
 
-    def add_error(self, key: str, source: str, reason: str) -> None:
-        self.errors.append({"key": key, "source": source, "reason": reason})
+    def add_error(self, key: str, source: str, reason: str, fingerprint: str = "") -> None:
+        self.errors.append({"key": key, "source": source, "reason": reason, "fingerprint": fingerprint})
 
     def flush(self) -> None:
         """Write the pending samples as one shard (atomically) and record it with the pending errors."""
