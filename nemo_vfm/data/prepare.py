@@ -149,6 +149,8 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
     """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
     from nemo_vfm.io.video import frames_to_tensor
 
+    if item.error is not None:
+        raise ValueError(item.error)
     if item.caption is None and not cfg.allow_missing_caption:
         raise ValueError("no caption (add a .txt or .json sidecar, or pass allow_missing_caption=true)")
     frames, fps = item.load()

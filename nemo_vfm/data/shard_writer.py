@@ -53,7 +53,10 @@ class Manifest:
     def recover(self, rank: int) -> None:
         """Repair a torn last manifest line, delete this rank's partial shards, register complete shards that
         lack a manifest line (their keys read from the tar)."""
-        repair_jsonl(self.dir / f"rank{rank}.jsonl")
+        try:
+            repair_jsonl(self.dir / f"rank{rank}.jsonl")
+        except OSError as e:
+            raise write_error(self.dir / f"rank{rank}.jsonl", e, "repairing the prepare manifest") from e
         for p in self.out.glob(f"shard-r{rank:04d}-*.tar.partial"):
             p.unlink()
         known = {e["shard"] for e in self.entries() if e.get("shard")}

@@ -39,6 +39,7 @@ class InputItem:
     clip_span: tuple[float, float] | None = None
     extra: dict = field(default_factory=dict)
     fingerprint: str = ""  # sizes and mtimes of the source files: a failed input is retried once it changes
+    error: str | None = None  # known unusable while listing (e.g. a malformed caption sidecar): the reason
 
 
 def safe_key(text: str) -> str:
@@ -70,11 +71,12 @@ def read_video_bytes(data: bytes, suffix: str = ".mp4") -> tuple[np.ndarray, flo
 
 
 def _caption_from_json(d: dict) -> str | None:
+    """The caption of a json sidecar/part; an empty or blank caption counts as none."""
     for k in ("caption", "text", "prompt"):
-        if isinstance(d.get(k), str):
+        if isinstance(d.get(k), str) and d[k].strip():
             return d[k]
     caps = d.get("captions")
-    if isinstance(caps, list) and caps and isinstance(caps[0], str):
+    if isinstance(caps, list) and caps and isinstance(caps[0], str) and caps[0].strip():
         return caps[0]
     return None
 
@@ -108,7 +110,7 @@ def _sidecar(path: Path) -> tuple[str | None, dict, tuple[float, float] | None]:
             raise ValueError(f"malformed caption sidecar {js.name}: {str(e).splitlines()[0][:200]}") from e
     if txt.is_file():
         try:
-            return txt.read_text(encoding="utf-8").strip(), {}, None
+            return txt.read_text(encoding="utf-8").strip() or None, {}, None  # an empty file is no caption
         except UnicodeDecodeError as e:
             raise ValueError(f"caption sidecar {txt.name} is not utf-8 text ({e.reason})") from e
     return None, {}, None
@@ -157,7 +159,7 @@ def iter_folder(root: str | Path, exclude: list[str | Path] = ()) -> Iterator[In
         except ValueError as e:
             log.warning("skipping %s: %s", rel, e)
             yield InputItem(key=safe_key(rel), source=rel, caption=None, load=_fail(str(e)), is_image=is_image,
-                            fingerprint=fingerprint)
+                            fingerprint=fingerprint, error=str(e))
             continue
         load = (lambda p=path: read_image(p)) if is_image else (lambda p=path: read_video(p))
         yield InputItem(key=safe_key(rel), source=rel, caption=caption, load=load, is_image=is_image,
@@ -187,37 +189,49 @@ def iter_shards(shards: list[str | Path]) -> Iterator[InputItem]:
     """Samples of webdataset shards: one video (``mp4``/...) or image part plus ``json`` or ``txt`` caption."""
     for shard in sorted(Path(s) for s in shards):
         fingerprint = _fingerprint(shard)
-        for key, parts in _tar_samples(shard):
-            meta, bad_json = {}, None
-            if "json" in parts:
-                try:
-                    meta = json.loads(parts["json"])
-                    if not isinstance(meta, dict):
-                        raise ValueError(f"expected a json object, got {type(meta).__name__}")
-                except (ValueError, UnicodeDecodeError) as e:
-                    meta, bad_json = {}, f"malformed json part of {shard.name}:{key}: {str(e).splitlines()[0][:200]}"
-                    log.warning("skipping %s", bad_json)
-            caption = _caption_from_json(meta) if meta else None
-            if caption is None and "txt" in parts:
-                caption = parts["txt"].decode(errors="replace").strip()
-            vid = next((e for e in parts if "." + e in VIDEO_EXTS), None)
-            img = next((e for e in parts if "." + e in IMAGE_EXTS), None)
-            source = f"{shard.name}:{key}"
-            if bad_json is not None:
-                load = _fail(bad_json)
-            elif vid is not None:
-                load = lambda b=parts[vid], e=vid: read_video_bytes(b, "." + e)
-            elif img is not None:
-                load = lambda b=parts[img]: read_image(b)
-            else:
-                load = _fail(f"no video or image part in {source} (parts: {sorted(parts)})")
+        try:
+            yield from _shard_items(shard, fingerprint)
+        except (tarfile.TarError, OSError, EOFError) as e:  # zero-byte, truncated or not a tar
+            reason = f"unreadable shard {shard.name} ({type(e).__name__}: {e}); its remaining samples are skipped"
+            log.warning("%s", reason)
+            yield InputItem(key=safe_key(f"{shard.stem}_unreadable"), source=shard.name, caption=None,
+                            load=_fail(reason), fingerprint=fingerprint, error=reason)
+
+
+def _shard_items(shard: Path, fingerprint: str) -> Iterator[InputItem]:
+    """The samples of one shard as input items (raises when the tar itself cannot be read)."""
+    for key, parts in _tar_samples(shard):
+        meta, bad_json = {}, None
+        if "json" in parts:
             try:
-                span = _span_from_json(meta)
-            except (TypeError, ValueError) as e:
-                span, load = None, _fail(f"bad span in the json part of {source}: {e}")
-            yield InputItem(key=safe_key(f"{shard.stem}_{key}"), source=source, caption=caption, load=load,
-                            is_image=vid is None and img is not None, clip_span=span,
-                            extra=_extra_from_json(meta), fingerprint=fingerprint)
+                meta = json.loads(parts["json"])
+                if not isinstance(meta, dict):
+                    raise ValueError(f"expected a json object, got {type(meta).__name__}")
+            except (ValueError, UnicodeDecodeError) as e:
+                meta, bad_json = {}, f"malformed json part of {shard.name}:{key}: {str(e).splitlines()[0][:200]}"
+                log.warning("skipping %s", bad_json)
+        caption = _caption_from_json(meta) if meta else None
+        if caption is None and "txt" in parts:
+            caption = parts["txt"].decode(errors="replace").strip() or None
+        vid = next((e for e in parts if "." + e in VIDEO_EXTS), None)
+        img = next((e for e in parts if "." + e in IMAGE_EXTS), None)
+        source = f"{shard.name}:{key}"
+        if bad_json is not None:
+            load = _fail(bad_json)
+        elif vid is not None:
+            load = lambda b=parts[vid], e=vid: read_video_bytes(b, "." + e)
+        elif img is not None:
+            load = lambda b=parts[img]: read_image(b)
+        else:
+            load = _fail(f"no video or image part in {source} (parts: {sorted(parts)})")
+        try:
+            span = _span_from_json(meta)
+        except (TypeError, ValueError) as e:
+            span, bad_json = None, f"bad span in the json part of {source}: {e}"
+            load = _fail(bad_json)
+        yield InputItem(key=safe_key(f"{shard.stem}_{key}"), source=source, caption=caption, load=load,
+                        is_image=vid is None and img is not None, clip_span=span,
+                        extra=_extra_from_json(meta), fingerprint=fingerprint, error=bad_json)
 
 
 def iter_inputs(path: str | Path, exclude: list[str | Path] = ()) -> Iterator[InputItem]:

@@ -80,6 +80,4 @@ def write_error(path: str | os.PathLike, exc: OSError, what: str = "writing") ->
     """An ``OSError`` of the same errno whose message names ``path`` and, for a full disk, what to do."""
     hint = ("the disk is full: free space (or point the output elsewhere) and re-run the same command; "
             "finished work is kept") if is_disk_full(exc) else "fix the cause and re-run the same command; finished work is kept"
-    err = type(exc)(exc.errno, f"{what} {path} failed ({exc.strerror or exc}); {hint}")
-    err.filename = str(path)
-    return err
+    return type(exc)(exc.errno, f"{what} {path} failed ({exc.strerror or exc}); {hint}")
