@@ -51,14 +51,14 @@ class CurationConfig:
     max_frozen_fraction: float = 0.5  # share of frame pairs with no changed region
     # near-duplicates: a kept clip whose embedding has cosine similarity >= dedup_threshold with an earlier kept
     # clip (any input, sorted order) is filtered; needs embed != "none"; null turns it off
-    dedup_threshold: float | None = 0.98
+    dedup_threshold: float | None = 0.95
     scorers: dict = field(default_factory=dict)  # {"module:function": min_score}
     # caption and embedding
     caption: str = "auto"  # auto | sidecar | template | vlm | none
     caption_template: str = "a video clip from {source_name}"
     vlm_model: str | None = None  # local path of a transformers image-text-to-text model
     vlm_prompt: str = "Describe this video frame in one sentence."
-    embed: str = "none"  # none | thumb | "module:function"
+    embed: str = "none"  # none | frames | thumb | "module:function" (frames: what near-duplicate removal is tuned for)
     # shards
     shard_size: int = 100  # clips per tar
     energon_prepare: bool = True
@@ -82,8 +82,9 @@ class CurationConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"CurationConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.embed not in ("none", "thumb") and ":" not in self.embed:
-            raise ValueError(f"CurationConfig.embed must be 'none', 'thumb' or 'module:function', got {self.embed!r}")
+        if self.embed not in ("none", "thumb", "frames") and ":" not in self.embed:
+            raise ValueError("CurationConfig.embed must be 'none', 'frames', 'thumb' or 'module:function', "
+                             f"got {self.embed!r}")
         positive = ("rebalance_interval_s", "max_clip_s", "detect_width", "height", "shard_size", "shot_threshold")
         for name in positive:
             if getattr(self, name) <= 0:
