@@ -146,10 +146,14 @@ def iter_folder(root: str | Path, exclude: list[str | Path] = ()) -> Iterator[In
     from nemo_vfm.io.video import read_video
 
     root = Path(root)
-    excluded = [Path(e).resolve() for e in exclude]
+    real_root = root.resolve()
+    # excluded folders inside root, as relative paths (compared without a resolve() per file)
+    skip = [Path(e).resolve().relative_to(real_root) for e in exclude if real_root in Path(e).resolve().parents]
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         ext = path.suffix.lower()
-        if ext not in VIDEO_EXTS + IMAGE_EXTS or (excluded and _under(path.resolve(), excluded)):
+        if ext not in VIDEO_EXTS + IMAGE_EXTS:
+            continue
+        if skip and _under(path.relative_to(root), skip):
             continue
         rel = str(path.relative_to(root))
         is_image = ext in IMAGE_EXTS
