@@ -125,6 +125,9 @@ def test_kill_in_the_middle_of_a_ledger_write_resumes_to_the_same_shards(referen
     assert _shards(out) == _shards(ref_out)
     ids = [r["clip_id"] for r in _rows(out, "clip")]
     assert len(ids) == len(set(ids)) == 6
+    assert all(json.loads(x) for x in (out / "ledger.jsonl").read_text().splitlines())  # nothing glued on
+    again = curate(raw, out, _cfg())  # what the next run reads back from the file
+    assert again.report is None and again.counts["kept"] == kept and _shards(out) == _shards(ref_out)
 
 
 def test_interrupted_index_is_rebuilt(reference, tmp_path):
