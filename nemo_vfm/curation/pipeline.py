@@ -255,11 +255,15 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
                                    "threshold": config.dedup_threshold})
         finally:
             ledger.close()
-        for r in clip_rows:
+        by_input = {r["input"]: r for r in input_rows}
+        for k, r in enumerate(clip_rows):
             if r["clip_id"] in dups:
                 of, sim = dups[r["clip_id"]]
-                r["status"], r["scores"] = "filtered", {**r["scores"], "dedup_similarity": sim}
-                r["reason"] = f"near_duplicate: cosine {sim:.4f} >= {config.dedup_threshold} with {of}"
+                clip_rows[k] = {**r, "status": "filtered", "scores": {**r["scores"], "dedup_similarity": sim},
+                                "reason": f"near_duplicate: cosine {sim:.4f} >= {config.dedup_threshold} with {of}"}
+                row = by_input[r["input"]] = {**by_input[r["input"]]}
+                row["kept"], row["filtered"] = row["kept"] - 1, row["filtered"] + 1
+        input_rows = [by_input[r["input"]] for r in input_rows]
     _write_text_atomic(output / "manifest.jsonl", "".join(json.dumps(row, sort_keys=True) + "\n"
                                                           for row in input_rows + clip_rows))
     from nemo_vfm.curation.shards import energon_prepare, pack_shards

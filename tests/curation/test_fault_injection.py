@@ -240,6 +240,8 @@ def test_near_duplicates_removed_within_and_across_videos(tmp_path):
     assert a_clips[2]["reason"].startswith("near_duplicate") and a_clips[0]["clip_id"] in a_clips[2]["reason"]
     assert all(c["status"] == "filtered" and c["reason"].startswith("near_duplicate") for c in by_input["copy_of_a.mp4"])
     assert [c["status"] for c in by_input["other.mp4"]] == ["kept", "kept"]
+    inputs = {r["input"]: r for r in _rows(tmp_path / "out", "input")}
+    assert (inputs["a.mp4"]["kept"], inputs["a.mp4"]["filtered"]) == (2, 1) and inputs["copy_of_a.mp4"]["kept"] == 0
     assert res.counts["kept"] == 4 and all(c["scores"]["dedup_similarity"] >= 0.95 for c in clips.values()
                                            if c["status"] == "filtered")
     ledger = [json.loads(x) for x in (tmp_path / "out" / "ledger.jsonl").read_text().splitlines()]
