@@ -280,6 +280,13 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
     _barrier(world_size)
     indexed = False
     if rank == 0:
+        dups = manifest.duplicate_keys()
+        if dups:  # Energon would refuse them (DuplicateSampleKeyError): say which shards and what to do
+            later = sorted({sorted(set(v))[-1] for v in dups.values()})
+            key, shards = next(iter(dups.items()))
+            raise RuntimeError(f"{len(dups)} sample keys are in two shards (e.g. {key!r} in {', '.join(sorted(set(shards)))}),"
+                               f" left by an interrupted run of an older vfm prepare; delete {', '.join(later)} from "
+                               f"{out} and re-run the same command (the samples only they held are prepared again)")
         report = {"samples": len(manifest.done_keys()), "shards": sorted(p.name for p in out.glob("*.tar")),
                   "errors": sorted(manifest.failed().values(), key=lambda e: e["key"])}
         _write_atomic(out / STATE_DIR / "report.json", json.dumps(report, indent=1))

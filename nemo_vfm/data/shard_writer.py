@@ -64,12 +64,24 @@ class Manifest:
             if p.name not in known:
                 self.append(rank, {"shard": p.name, "keys": _tar_keys(p), "errors": [], "recovered": True})
 
+    def shard_entries(self) -> list[dict]:
+        """Manifest entries of shards that still exist (a deleted shard's samples are prepared again)."""
+        return [e for e in self.entries() if e.get("shard") and (self.out / e["shard"]).is_file()]
+
     def done_keys(self) -> set[str]:
         """Keys held by a finished shard (of any rank)."""
         done = set()
-        for e in self.entries():
+        for e in self.shard_entries():
             done.update(e.get("keys", []))
         return done
+
+    def duplicate_keys(self) -> dict[str, list[str]]:
+        """Key -> the shards holding it, for keys in more than one shard (left by an older version's torn manifest)."""
+        where: dict[str, list[str]] = {}
+        for e in self.shard_entries():
+            for k in e.get("keys", []):
+                where.setdefault(k, []).append(e["shard"])
+        return {k: v for k, v in where.items() if len(set(v)) > 1}
 
     def failed(self) -> dict[str, dict]:
         """Key -> its latest failure record (``key``, ``source``, ``reason``, ``fingerprint``), for keys not in a shard."""
@@ -81,7 +93,10 @@ class Manifest:
         return out
 
     def next_index(self, rank: int) -> int:
-        idx = [int(p.name.split("-")[2].split(".")[0]) for p in self.out.glob(f"shard-r{rank:04d}-*.tar")]
+        """After every shard of this rank on disk or in the manifest (a deleted shard's name is never reused)."""
+        names = [p.name for p in self.out.glob(f"shard-r{rank:04d}-*.tar")]
+        names += [e["shard"] for e in self.entries() if (e.get("shard") or "").startswith(f"shard-r{rank:04d}-")]
+        idx = [int(n.split("-")[2].split(".")[0]) for n in names]
         return max(idx) + 1 if idx else 0
 
     def append(self, rank: int, entry: dict) -> None:

@@ -84,6 +84,26 @@ def test_torn_manifest_line_is_repaired_without_duplicate_keys(tmp_path, raw):
     assert _load_all(out) == sorted(keys)  # Energon: no DuplicateSampleKeyError
 
 
+def test_duplicate_shards_from_an_older_version_are_named(tmp_path, raw):
+    out = tmp_path / "out"
+    prepare_folder(raw, out, samples_per_shard=4, index=False)
+    manifest = out / ".prepare" / "rank0.jsonl"
+    first = json.loads(manifest.read_text().splitlines()[0])
+    (out / "shard-r0000-000009.tar").write_bytes((out / first["shard"]).read_bytes())  # what the old bug left
+    with open(manifest, "a") as f:
+        f.write(json.dumps({**first, "shard": "shard-r0000-000009.tar"}) + "\n")
+    with pytest.raises(RuntimeError, match=r"4 sample keys are in two shards.*delete shard-r0000-000009\.tar"):
+        prepare_folder(raw, out, samples_per_shard=4)
+    (out / "shard-r0000-000009.tar").unlink()
+    res = prepare_folder(raw, out, samples_per_shard=4)
+    keys = _keys(out)
+    assert res.written == 0 and len(keys) == len(set(keys)) == 10 and _load_all(out) == sorted(keys)
+    (out / first["shard"]).unlink()  # a deleted shard: its samples are prepared again, under a new name
+    res = prepare_folder(raw, out, samples_per_shard=4)
+    keys = _keys(out)
+    assert res.written == 4 and res.shards == ["shard-r0000-000010.tar"] and len(set(keys)) == len(keys) == 10
+
+
 # -- kills ---------------------------------------------------------------------------------------------------------
 
 
