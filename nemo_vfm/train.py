@@ -135,7 +135,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
-    from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, ThroughputLogger
+    from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, StepProgressBar, ThroughputLogger
     from nemo_vfm.lightning.checkpointing import AtomicCheckpointIO, latest_checkpoint
     from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
 
@@ -170,9 +170,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         *trainer_cfg.callbacks,
     ]
     if trainer_cfg.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
-        from lightning.pytorch.callbacks import TQDMProgressBar
-
-        callbacks.append(TQDMProgressBar(refresh_rate=trainer_cfg.log_every_n_steps))
+        callbacks.append(StepProgressBar(refresh_rate=trainer_cfg.log_every_n_steps))
     samples = None
     if sampling.enabled and hasattr(data, "build_encoders") and getattr(trainer_cfg.strategy, "pipeline_parallel", False):
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "

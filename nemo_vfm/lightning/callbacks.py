@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 
@@ -114,6 +115,18 @@ class ThroughputLogger(L.Callback):
         loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
         rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | {line}")
         self._t0, self._samples, self._tokens, self._steps, self._flops = time.perf_counter(), 0, 0, 0, 0.0
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, refreshed every ``refresh_rate`` steps, showing the module's last loss
+    (``step_metrics``): the only host read of the loss happens at a refresh, not on every batch."""
+
+    def get_metrics(self, trainer, pl_module):
+        items = super().get_metrics(trainer, pl_module)
+        loss = getattr(pl_module, "step_metrics", {}).get("loss")
+        if loss is not None:
+            items["loss"] = f"{float(loss):.4f}"
+        return items
 
 
 class MetricsHistory(L.Callback):

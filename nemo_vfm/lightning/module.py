@@ -125,10 +125,14 @@ class DiffusionModule(L.LightningModule):
         """Log the step's scalars (Lightning reads them at log steps) and keep them, still on the device, in
         ``step_metrics`` for per-step history without a host sync (``MetricsHistory``)."""
         lr = self.optimizers().param_groups[0]["lr"]
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        # No prog_bar=True: Lightning would read a progress-bar value on every batch (a host sync); the
+        # progress bar (StepProgressBar) shows step_metrics at its refreshes instead.
+        self.log("train/loss", loss, batch_size=batch_size)
         for k, v in logs.items():
             self.log(f"train/{k}", v, batch_size=batch_size)
-        self.log("train/lr", lr, batch_size=batch_size)
+        trainer = self._trainer
+        if trainer is None or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+            self.log("train/lr", lr, batch_size=batch_size)  # a Python float becomes a device tensor: a copy + sync
         self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
 
     def _pipeline_loss(self, x0, cond: dict, loss_mask, g) -> tuple[torch.Tensor, dict]:
