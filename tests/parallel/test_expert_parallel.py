@@ -1,0 +1,78 @@
+"""Mixture-of-experts layouts train like one process: expert parallelism (all-to-all dispatch, experts split
+over ranks) alone and with FSDP2, TP (dense layers), CP and SP; expert choice and token choice (top-k with
+its load-balancing loss). Losses, gradient norms, gradients (3 steps) and weights, as in test_layouts."""
+
+import pytest
+from gloo_launcher import run_distributed
+
+from nemo_vfm.models.common.moe import MoEConfig
+from nemo_vfm.parallel import equivalence as E
+
+ROUTINGS = {
+    "ec": dict(routing="expert_choice", capacity_factor=1.5, num_shared_experts=1),
+    "topk": dict(routing="top_k", top_k=2, aux_loss_coef=0.1),
+}
+LAYOUTS_2 = {  # (routing, dims)
+    "EP2 expert-choice": ("ec", dict(ep=2)),
+    "EP2 top-k": ("topk", dict(ep=2)),
+    "CP2 expert-choice (no EP)": ("ec", dict(cp=2)),
+    "CP2 top-k (no EP)": ("topk", dict(cp=2)),
+    "SP+TP2 top-k": ("topk", dict(tp=2, sequence_parallel=True)),
+    "SP+TP2 expert-choice": ("ec", dict(tp=2, sequence_parallel=True)),
+}
+LAYOUTS_4 = {
+    "EP2xFSDP2 expert-choice": ("ec", dict(ep=2)),
+    "EP2xFSDP2 top-k": ("topk", dict(ep=2)),
+    "EP4 top-k": ("topk", dict(ep=4)),
+    "EP2xTP2 expert-choice": ("ec", dict(ep=2, tp=2)),
+    "EP2xSP+TP2 top-k": ("topk", dict(ep=2, tp=2, sequence_parallel=True)),
+    "EP2xCP2 top-k": ("topk", dict(ep=2, cp=2)),
+}
+
+
+def moe_config(routing: str):
+    return E.tiny_config(moe=MoEConfig(num_experts=4, expert_ffn_size=32, every=2, gemm="loop", **ROUTINGS[routing]))
+
+
+def _worker(rank, world, layouts):
+    from nemo_vfm.parallel.dims import ParallelDims
+
+    out = {}
+    for name, (routing, kw) in layouts.items():
+        cfg = moe_config(routing)
+        out[name] = E.run_layout(cfg, E.make_problem(cfg), ParallelDims(world_size=world, **kw))
+    return out
+
+
+@pytest.fixture(scope="module")
+def references():
+    refs = {}
+    for routing in ROUTINGS:
+        cfg = moe_config(routing)
+        refs[routing] = E.run_reference(cfg, E.make_problem(cfg))
+    return refs
+
+
+def _check(results, references, layouts):
+    failures = {}
+    for name, (routing, _) in layouts.items():
+        errs = E.compare(references[routing], E.merge_ranks([r[name] for r in results]))
+        if not (errs["loss"] < 1e-5 and errs["norm"] < 1e-5 and errs["grads"] < 1e-4 and errs["params"] < 1e-5):
+            failures[name] = errs
+    assert not failures, failures
+
+
+def test_moe_reference_has_aux_loss_and_expert_gradients(references):
+    ref = references["topk"]
+    assert all(g["blocks.1.mlp.experts.w1"].abs().sum() > 0 for g in ref["grads"])
+    assert all(g["blocks.1.mlp.router.weight"].abs().sum() > 0 for g in ref["grads"])
+    assert "blocks.0.mlp.fc1.weight" in ref["params"]  # every=2: block 0 dense, block 1 MoE
+
+
+def test_two_process_moe_layouts_match_single_process(references):
+    _check(run_distributed(_worker, 2, LAYOUTS_2), references, LAYOUTS_2)
+
+
+@pytest.mark.slow
+def test_four_process_moe_layouts_match_single_process(references):
+    _check(run_distributed(_worker, 4, LAYOUTS_4), references, LAYOUTS_4)
