@@ -52,8 +52,22 @@ class ThroughputLogger(L.Callback):
         loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
         rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | "
                        f"{stats['perf/samples_per_s']:.1f} samples/s {stats['perf/tokens_per_s_per_gpu']:.0f} "
-                       f"tokens/s/gpu {stats['perf/step_time_s'] * 1000:.0f} ms/step")
+                       f"tokens/s/gpu {stats['perf/step_time_s'] * 1000:.0f} ms/step" + _router_line(pl_module))
         self._t0, self._samples, self._tokens, self._steps = time.perf_counter(), 0, 0, 0
+
+
+def _router_line(pl_module) -> str:
+    """`` | moe load max/min x.xx/x.xx unrouted x.x% tokens/expert [..]`` for models with MoE layers (this rank)."""
+    from nemo_vfm.models.common.moe import router_stats
+
+    model = getattr(pl_module, "model", None)
+    stats = router_stats(model) if isinstance(model, torch.nn.Module) else {}
+    if not stats:
+        return ""
+    tpe = stats["moe/tokens_per_expert"].tolist()
+    shown = ",".join(f"{t:.0f}" for t in tpe[:8]) + (",..." if len(tpe) > 8 else "")
+    return (f" | moe load max/min {stats['moe/max_load'].item():.2f}/{stats['moe/min_load'].item():.2f} "
+            f"unrouted {100 * stats['moe/unrouted'].item():.1f}% tokens/expert [{shown}]")
 
 
 class MetricsHistory(L.Callback):

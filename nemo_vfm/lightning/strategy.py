@@ -14,6 +14,9 @@ gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads`
 clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
 distributed checkpoint format), loadable under another layout.
 
+``expert_model_parallel_size`` (EP) splits the experts of MoE layers over that many data-parallel ranks
+(it divides the FSDP ranks; ``nemo_vfm.parallel.expert_parallel``).
+
 ``float8="tensorwise"|"rowwise"`` trains the blocks' MLP (``float8_modules="all"``: every) linears in FP8
 through torchao (``nemo_vfm.parallel.float8``; not with tensor parallelism); measured gains and losses are
 in docs/benchmarks.md.
@@ -66,6 +69,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         microbatches: int | None = None,
         fsdp: bool = True,
         data_parallel_replicate_size: int = 1,
+        expert_model_parallel_size: int = 1,
         activation_checkpointing: str = "none",
         activation_checkpointing_every: int = 2,
         compile: bool = False,
@@ -94,10 +98,15 @@ class VFMParallelStrategy(ModelParallelStrategy):
             tp=tensor_model_parallel_size, sequence_parallel=sequence_parallel, cp=context_parallel_size,
             cp_kind=context_parallel_kind, pp=pipeline_model_parallel_size, pp_schedule=pipeline_schedule,
             pp_microbatches=microbatches, dp_replicate=data_parallel_replicate_size, fsdp=fsdp,
+            ep=expert_model_parallel_size,
         )
+        if expert_model_parallel_size > 1 and not fsdp:
+            raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
+                             "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
         # Check the knobs against each other now (on the smallest world they fit), the world size later.
         smallest = tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size
-        ParallelDims(world_size=smallest * data_parallel_replicate_size, **{**self.layout, "dp_shard": 1})
+        ep = expert_model_parallel_size
+        ParallelDims(world_size=smallest * data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
         self.parallelize_kwargs = dict(
             activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
             compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype, attention_backend=attention_backend,

@@ -22,8 +22,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_vfm.models.common.moe import MoE
-
 
 def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
     from torch.distributed.nn.functional import all_to_all_single
@@ -55,21 +53,13 @@ class AllToAllDispatcher:
         return _all_to_all(y_recv, in_splits, out_splits, self.group)
 
 
-def check_experts(model: nn.Module, ep: int) -> None:
-    for m in model.modules():
-        if isinstance(m, MoE) and m.cfg.num_experts % ep:
-            raise ValueError(f"num_experts={m.cfg.num_experts} is not divisible by expert parallel size ep={ep}; pick "
-                             f"ep among the divisors of {m.cfg.num_experts}.")
-
-
-def apply_expert_parallel(blocks, pmesh) -> list[MoE]:
-    """Shard the experts of every MoE layer in ``blocks`` over the ``ep`` mesh (dim 0) and switch their
-    dispatch to all-to-all; returns the MoE layers."""
+def apply_expert_parallel(layers: list[nn.Module], pmesh) -> None:
+    """Shard the experts of the MoE ``layers`` (``nemo_vfm.models.common.moe.MoE``: ``.experts`` with
+    ``w1/w2/w3 (E, ...)``, ``.dispatcher``) over the ``ep`` mesh (dim 0) and dispatch by all-to-all."""
     from torch.distributed.tensor import DTensor, Shard
 
     mesh = pmesh.get("ep")
     ep, rank = mesh.size(), mesh.get_local_rank()
-    layers = [m for b in blocks for m in b.modules() if isinstance(m, MoE)]
     for moe in layers:
         if moe.cfg.num_experts % ep:
             raise ValueError(f"num_experts={moe.cfg.num_experts} is not divisible by expert parallel size ep={ep}.")
@@ -79,7 +69,6 @@ def apply_expert_parallel(blocks, pmesh) -> list[MoE]:
             local = full.chunk(ep, 0)[rank].clone()
             setattr(ex, name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False)))
         moe.dispatcher = AllToAllDispatcher(mesh.get_group(), ep)
-    return layers
 
 
 def is_expert_param(p: torch.Tensor) -> bool:
@@ -89,7 +78,7 @@ def is_expert_param(p: torch.Tensor) -> bool:
     return isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())
 
 
-def apply_expert_fsdp(layers: list[MoE], pmesh, *, param_dtype="bf16", reduce_dtype="fp32",
+def apply_expert_fsdp(layers: list[nn.Module], pmesh, *, param_dtype="bf16", reduce_dtype="fp32",
                       reshard_after_forward: bool = True) -> None:
     """One FSDP2 unit per layer's experts over ``ep_fsdp`` (the ranks holding the same experts); call
     before the blocks' FSDP, which then leaves these weights alone."""
@@ -100,3 +89,22 @@ def apply_expert_fsdp(layers: list[MoE], pmesh, *, param_dtype="bf16", reduce_dt
     mp = mixed_precision_policy(param_dtype, reduce_dtype)
     for moe in layers:
         fully_shard(moe.experts, mesh=pmesh.get("ep_fsdp"), mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def check_moe(cfg, dims) -> None:
+    """Fail before building if the config's experts do not split over ``dims.ep``; warn when ep has no effect."""
+    moe = getattr(cfg, "moe", None)
+    ep = getattr(dims, "ep", 1)
+    if moe is None:
+        if ep > 1:
+            import warnings
+
+            warnings.warn(f"expert_model_parallel_size={ep} has no effect: the model has no MoE layers (model.moe is "
+                          "None).", stacklevel=3)
+        return
+    if moe.num_experts % ep:
+        raise ValueError(f"num_experts={moe.num_experts} is not divisible by expert parallel size ep={ep}; pick ep "
+                         f"among the divisors of {moe.num_experts}.")
+    if dims.pp > 1 and moe.routing == "top_k" and moe.aux_loss_coef > 0:
+        raise NotImplementedError("the top-k load-balancing loss cannot reach the loss inside a pipeline schedule; "
+                                  "use moe.routing='expert_choice' or moe.aux_loss_coef=0 with pipeline parallelism.")

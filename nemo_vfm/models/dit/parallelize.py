@@ -38,6 +38,7 @@ from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.expert_parallel import check_moe
 from nemo_vfm.parallel.float8 import apply_float8, check_float8
 from nemo_vfm.parallel.fsdp import apply_fsdp
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -78,6 +79,7 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         t, h, w = latent_shape
         tokens = (t // pt) * (h // ph) * (w // pw)
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=dims.pp == 1)
+    check_moe(cfg, dims)
 
 
 KEEP = object()  # a block argument that passes through unchanged
@@ -275,7 +277,7 @@ def _prepare_moe(blocks, pmesh: ParallelMesh, tok: _TokenParallel | None) -> lis
     if d.ep > 1:
         from nemo_vfm.parallel.expert_parallel import apply_expert_parallel
 
-        apply_expert_parallel(blocks, pmesh)
+        apply_expert_parallel(layers, pmesh)
     return layers
 
 

@@ -19,7 +19,7 @@ FLAVORS: dict[str, dict] = {
     "1b": dict(num_layers=16, hidden_size=2048, num_heads=32, ffn_size=8192),
     "3b": dict(num_layers=28, hidden_size=3072, num_heads=24, ffn_size=8192),
     "5b": dict(num_layers=32, hidden_size=3072, num_heads=24, ffn_size=8192),
-    "30b": dict(num_layers=48, hidden_size=6144, num_heads=48, num_kv_heads=8, ffn_size=16384),
+    "30b": dict(num_layers=48, hidden_size=6144, num_heads=48, ffn_size=16384),  # the MovieGen paper's shape
 }
 
 
