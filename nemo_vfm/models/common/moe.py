@@ -25,8 +25,6 @@ load-balancing statistics are summed over those groups, so the result equals one
 Legend: B batch, S tokens per sequence (local), D hidden, E experts, F expert FFN width, A assignments.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
