@@ -47,7 +47,7 @@ def test_every_seed_factory_name_dry_runs_and_ecditllama_takes_ep2():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "BAD [] EP2 0" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])
-    assert "expert_model_parallel_size=2" in r.stdout and r.stdout.count("Dry run") == len(SEED_NAMES) + 1
+    assert "expert_model_parallel_size=2" in r.stdout and r.stdout.count("Dry run for task") == len(SEED_NAMES) + 1
 
 
 def test_launcher_dryrun_of_ecditllama1b_with_ep2_exits_zero():
