@@ -24,10 +24,10 @@ from torch import nn
 
 
 def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
-    from torch.distributed.nn.functional import all_to_all_single
+    """Differentiable all-to-all of rows (the backward sends the gradients back along the reverse splits)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-    out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-    return all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return wait_tensor(all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group))
 
 
 class AllToAllDispatcher:

@@ -19,6 +19,7 @@ LAYOUTS_2 = {  # (routing, dims)
     "CP2 top-k (no EP)": ("topk", dict(cp=2)),
     "SP+TP2 top-k": ("topk", dict(tp=2, sequence_parallel=True)),
     "SP+TP2 expert-choice": ("ec", dict(tp=2, sequence_parallel=True)),
+    "PP2 expert-choice (no EP)": ("ec", dict(pp=2)),
 }
 LAYOUTS_4 = {
     "EP2xFSDP2 expert-choice": ("ec", dict(ep=2)),
@@ -27,6 +28,7 @@ LAYOUTS_4 = {
     "EP2xTP2 expert-choice": ("ec", dict(ep=2, tp=2)),
     "EP2xSP+TP2 top-k": ("topk", dict(ep=2, tp=2, sequence_parallel=True)),
     "EP2xCP2 top-k": ("topk", dict(ep=2, cp=2)),
+    "PP2xEP2 expert-choice": ("ec", dict(pp=2, ep=2)),
 }
 
 
