@@ -38,6 +38,25 @@ def test_grouped_gemm_equals_the_loop(routing):
         assert torch.allclose(got[2][n], ref[2][n], atol=1e-5), n
 
 
+@pytest.mark.parametrize("gemm", ["loop", "grouped"])
+def test_bf16_autocast(gemm):
+    """Under autocast the experts run in bf16 (torch._grouped_mm is not an autocast op) and the layer's output
+    adds to the fp32 residual stream."""
+    if gemm == "grouped" and not hasattr(torch, "_grouped_mm"):
+        pytest.skip("torch._grouped_mm is missing in this torch")
+    m = _layer(routing="top_k", num_shared_experts=1)
+    m.experts.gemm = gemm
+    x = torch.randn(2, 10, 8)
+    ref = m(x)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+    except RuntimeError as e:  # a CPU build without bf16 grouped GEMM
+        pytest.skip(f"bf16 {gemm} GEMM on this CPU: {e}")
+    assert y.dtype == torch.bfloat16 and (x + y).dtype == torch.float32
+    assert torch.allclose(y.float(), ref, atol=0.05, rtol=0.05)
+
+
 def test_loop_is_a_per_expert_swiglu():
     torch.manual_seed(0)
     ex = GroupedExperts(3, 4, 5)

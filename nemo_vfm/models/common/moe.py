@@ -100,14 +100,20 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
 
     def forward(self, x_AD: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``x_AD``: tokens sorted by (local) expert; ``counts (E_local,)``: how many rows each expert takes."""
-        w1, w3, w2 = (_local(w).to(x_AD.dtype) for w in (self.w1, self.w3, self.w2))
+        """``x_AD``: tokens sorted by (local) expert; ``counts (E_local,)``: how many rows each expert takes.
+        Under autocast the GEMMs run in the autocast dtype (``torch._grouped_mm`` is not an autocast op)."""
+        dtype = x_AD.dtype
+        if torch.is_autocast_enabled(x_AD.device.type):
+            dtype = torch.get_autocast_dtype(x_AD.device.type)
+        x_AD = x_AD.to(dtype)
+        w1, w3, w2 = (_local(w).to(dtype) for w in (self.w1, self.w3, self.w2))
         use_grouped = self.gemm == "grouped" or (self.gemm == "auto" and x_AD.is_cuda and grouped_gemm_available(x_AD))
         if use_grouped:
             offs = torch.cumsum(counts, 0, dtype=torch.int32)
             h = F.silu(torch._grouped_mm(x_AD, w1, offs=offs)) * torch._grouped_mm(x_AD, w3, offs=offs)
             return torch._grouped_mm(h, w2, offs=offs)
-        return self.forward_loop(x_AD, counts, w1, w3, w2)
+        with torch.autocast(x_AD.device.type, enabled=False):  # the same dtype as the grouped path
+            return self.forward_loop(x_AD, counts, w1, w3, w2)
 
     @staticmethod
     def forward_loop(x_AD, counts, w1, w3, w2) -> torch.Tensor:
@@ -230,7 +236,7 @@ class MoE(nn.Module):
             tok, w, counts = self._top_k(scores, valid)
         x_flat = x_BSD.reshape(B * S, D)
         out_AD = self.dispatcher(self.experts, x_flat[tok], counts)
-        y = torch.zeros_like(x_flat).index_add_(0, tok, out_AD * w[:, None].to(out_AD.dtype))
+        y = x_flat.new_zeros(x_flat.shape, dtype=out_AD.dtype).index_add_(0, tok, out_AD * w[:, None].to(out_AD.dtype))
         with torch.no_grad():
             routed = torch.zeros(B * S, device=x_BSD.device).index_add_(0, tok, (w != 0).float())
             none = (routed == 0) if valid is None else (routed == 0) & valid.repeat(B)
