@@ -78,3 +78,24 @@ def test_two_process_moe_layouts_match_single_process(references):
 @pytest.mark.slow
 def test_four_process_moe_layouts_match_single_process(references):
     _check(run_distributed(_worker, 4, LAYOUTS_4), references, LAYOUTS_4)
+
+
+def test_bad_expert_layouts_fail_before_building():
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.expert_parallel import check_moe
+
+    with pytest.raises(ValueError, match="ep=3 must divide"):
+        ParallelDims(world_size=4, ep=3)
+    with pytest.raises(NotImplementedError, match="HSDP"):
+        ParallelDims(world_size=4, dp_replicate=2, dp_shard=2, ep=2)
+    with pytest.raises(ValueError, match="fsdp=True"):
+        VFMParallelStrategy(expert_model_parallel_size=2, fsdp=False)
+    assert VFMParallelStrategy(expert_model_parallel_size=4).layout["ep"] == 4
+    with pytest.raises(ValueError, match="num_experts=4 is not divisible"):
+        check_moe(moe_config("ec"), ParallelDims(world_size=6, ep=3))
+    with pytest.raises(NotImplementedError, match="pipeline"):
+        check_moe(moe_config("topk"), ParallelDims(world_size=2, pp=2))
+    with pytest.warns(UserWarning, match="no effect"):
+        check_moe(E.tiny_config(), ParallelDims(world_size=2, ep=2))
+    assert "ep=2" in ParallelDims(world_size=4, ep=2).describe()
