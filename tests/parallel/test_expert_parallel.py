@@ -20,6 +20,9 @@ LAYOUTS_2 = {  # (routing, dims)
     "SP+TP2 top-k": ("topk", dict(tp=2, sequence_parallel=True)),
     "SP+TP2 expert-choice": ("ec", dict(tp=2, sequence_parallel=True)),
     "PP2 expert-choice (no EP)": ("ec", dict(pp=2)),
+    # 3 x 2 x 6 latents = 9 tokens: padded to 10 under CP2 (the pad token is never routed)
+    "CP2 expert-choice, padded": ("ec_pad", dict(cp=2)),
+    "CP2 top-k, padded": ("topk_pad", dict(cp=2)),
 }
 LAYOUTS_4 = {
     "EP2xFSDP2 expert-choice": ("ec", dict(ep=2)),
@@ -33,7 +36,13 @@ LAYOUTS_4 = {
 
 
 def moe_config(routing: str):
+    routing = routing.removesuffix("_pad")
     return E.tiny_config(moe=MoEConfig(num_experts=4, expert_ffn_size=32, every=2, gemm="loop", **ROUTINGS[routing]))
+
+
+def problem(routing: str):
+    cfg = moe_config(routing)
+    return cfg, E.make_problem(cfg, latent=(3, 2, 6) if routing.endswith("_pad") else (2, 4, 4))
 
 
 def _worker(rank, world, layouts):
@@ -41,17 +50,16 @@ def _worker(rank, world, layouts):
 
     out = {}
     for name, (routing, kw) in layouts.items():
-        cfg = moe_config(routing)
-        out[name] = E.run_layout(cfg, E.make_problem(cfg), ParallelDims(world_size=world, **kw))
+        cfg, prob = problem(routing)
+        out[name] = E.run_layout(cfg, prob, ParallelDims(world_size=world, **kw))
     return out
 
 
 @pytest.fixture(scope="module")
 def references():
     refs = {}
-    for routing in ROUTINGS:
-        cfg = moe_config(routing)
-        refs[routing] = E.run_reference(cfg, E.make_problem(cfg))
+    for routing in (*ROUTINGS, "ec_pad", "topk_pad"):
+        refs[routing] = E.run_reference(*problem(routing))
     return refs
 
 

@@ -25,6 +25,7 @@ load-balancing statistics are summed over those groups, so the result equals one
 Legend: B batch, S tokens per sequence (local), D hidden, E experts, F expert FFN width, A assignments.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -172,10 +173,13 @@ class MoE(nn.Module):
 
     def _expert_choice(self, scores_BSE: torch.Tensor, valid: torch.Tensor | None):
         """Assignments ``(token index into B*S, expert, weight)`` sorted by expert, and counts per expert."""
+        import torch.distributed as dist
+
         B, S, E = scores_BSE.shape
-        n = S if valid is None else int(valid.sum())
-        if self.seq_groups:
-            n = int(self._seq_sum(torch.tensor(n, device=scores_BSE.device)))
+        if valid is None:  # every rank of the sequence holds S real tokens
+            n = S * math.prod(dist.get_world_size(g) for g in self.seq_groups)
+        else:
+            n = int(self._seq_sum(valid.sum()))
         k = max(1, min(n, int(self.cfg.capacity_factor * n / E)))
         if not self.seq_groups and valid is None:  # static shapes: every expert takes k tokens of each sequence
             w, idx = scores_BSE.topk(k, dim=1)  # (B, k, E)
@@ -186,8 +190,6 @@ class MoE(nn.Module):
         masked = scores_BSE.detach() if valid is None else scores_BSE.detach().masked_fill(~valid[None, :, None], -1.0)
         full = masked
         for g in self.seq_groups:
-            import torch.distributed as dist
-
             parts = [torch.empty_like(full) for _ in range(dist.get_world_size(g))]
             dist.all_gather(parts, full.contiguous(), group=g)
             full = torch.cat(parts, 1)
@@ -222,7 +224,7 @@ class MoE(nn.Module):
         tok = torch.arange(B * S, device=w.device).repeat_interleave(k)[order]
         kept = keep.reshape(-1)[order]
         w_sorted = w.reshape(-1)[order] * kept.to(w.dtype)
-        counts = torch.bincount(flat_e, minlength=E)
+        counts = torch.bincount(flat_e, minlength=E)  # rows per expert (padding tokens included, with weight 0)
         return tok, w_sorted, counts
 
     def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
@@ -240,8 +242,8 @@ class MoE(nn.Module):
         with torch.no_grad():
             routed = torch.zeros(B * S, device=x_BSD.device).index_add_(0, tok, (w != 0).float())
             none = (routed == 0) if valid is None else (routed == 0) & valid.repeat(B)
-            self.stats = {"tokens_per_expert": counts.detach(), "unrouted": none.sum(), "tokens": torch.tensor(
-                float(B * S if valid is None else B * int(valid.sum())), device=x_BSD.device)}
+            tokens = torch.full((), float(B * S), device=x_BSD.device) if valid is None else valid.sum().float() * B
+            self.stats = {"tokens_per_expert": counts.detach(), "unrouted": none.sum(), "tokens": tokens}
         y = y.view(B, S, D)
         if self.shared is not None:
             y = y + self.shared(x_BSD)
