@@ -117,7 +117,6 @@ def run_recipe(case: RecipeCase, steps: int, every: int, skip: int, device: str 
 def run_reference(case: RecipeCase, device: str) -> dict:
     """The bare bench step (``bench/train_throughput.py``) for the same model and batch."""
     import torch
-
     from train_throughput import BenchSettings, run_case
 
     s = BenchSettings(name=f"{case.name} (bench step)", **case.reference)
@@ -152,11 +151,11 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, str(ROOT / "launchers"))
-    import executors  # noqa: F401  (launchers/executors.py, as launchers/train.py imports it)
+    import train as launcher  # launchers/train.py
 
-    for module in ("nemo_vfm_recipes.dit", "nemo_vfm_recipes.stdit", "nemo_vfm_recipes.moviegen"):
-        __import__(module)
     from nemo_vfm.train import train
+
+    launcher.register_recipes()
 
     recipe = catalogue._get((get_type_namespace(train), case.factory))()
     tmp = tempfile.mkdtemp(prefix="vfm-prof-")
@@ -222,7 +221,6 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
 
 def environment(device: str, commit: str | None) -> dict:
     import torch
-
     from train_throughput import environment as env
 
     return env(torch.device(device), commit)

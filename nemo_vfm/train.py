@@ -120,11 +120,35 @@ def _sample_fn(data, sampling, fps):
     return fn
 
 
+class InitFrom(lightning.Callback):
+    """Start from another run's weights (the previous stage of a staged recipe): model and EMA, loaded into the
+    parallelised network before the first step; optimizer state, step and schedule start fresh."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_fit_start(self, trainer, pl_module):
+        from nemo_vfm.inference.checkpoint import load_weights, read_checkpoint_info
+        from nemo_vfm.parallel.pipeline import StageList
+
+        if isinstance(pl_module.model, StageList):
+            raise NotImplementedError("init_from under pipeline parallelism is not supported; initialise without PP "
+                                      "and resume that run's checkpoint with PP (checkpoints move between layouts).")
+        info = read_checkpoint_info(self.path)
+        load_weights(pl_module.model, info, use_ema=False)
+        if pl_module.ema is not None:
+            load_weights(pl_module.ema, info, use_ema=True)
+        if trainer.global_rank == 0:
+            print(f"initialised from {info.path} (step {info.step})")
+
+
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
-          cond_dropout: float = 0.1, seed: int = 1234) -> dict:
+          cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None) -> dict:
     """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).
 
+    ``init_from``: a checkpoint (file, DCP folder, or experiment folder: its newest) whose weights this run starts
+    from, as the staged recipes do with the previous stage's run; ignored when this run resumes its own checkpoint.
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
     """
@@ -145,13 +169,22 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     log = log or ExperimentConfig()
     sampling = sampling or SamplingConfig()
     validate(model, data)
+    if init_from is not None:
+        from nemo_vfm.inference.checkpoint import resolve_checkpoint
+
+        try:
+            resolve_checkpoint(init_from)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"init_from={init_from!r}: {e}; train the previous stage first or set "
+                                    "init_from=None") from None
 
     exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)
         config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
-                  "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed}
+                  "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed,
+                  "init_from": init_from}
         (exp_dir / "config.yaml").write_text(yaml.safe_dump(_plain(config), sort_keys=False))
 
     L.seed_everything(seed, workers=True, verbose=False)
@@ -178,6 +211,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     elif sampling.enabled and hasattr(data, "build_encoders"):
         samples = SampleVideos(exp_dir, _sample_fn(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
         callbacks.append(samples)
+    resume = latest_checkpoint(ckpt_dir) if log.resume else None
+    if init_from is not None and resume is None:  # a new run of a later stage: the previous stage's weights
+        callbacks.append(InitFrom(init_from))
     loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
     devices = trainer_cfg.devices
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun / srun launchers
@@ -195,7 +231,6 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         enable_model_summary=False, default_root_dir=str(exp_dir), limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=False,  # the data modules split samples over data-parallel ranks themselves
     )
-    resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if resume is not None and rank == 0:
         print(f"resuming from {resume}")
     # our own checkpoints hold config dataclasses and data-loader state: not weights-only loadable

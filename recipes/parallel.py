@@ -4,6 +4,7 @@
     recipe = parallel.with_cp(parallel.with_tp(dit.pretrain_7b(), 2, sequence_parallel=True), 4)
     recipe = parallel.with_fsdp(recipe, activation_checkpointing="selective")
     recipe = parallel.with_pp(recipe, 2, schedule="interleaved")   # 2 pipeline ranks, 4 stages
+    recipe = parallel.with_ep(moe.pretrain_ecditllama1b(), 4)        # MoE experts over 4 ranks
 
 CLI (NeMo-Run dotted overrides reach the same knobs)::
 
@@ -78,6 +79,15 @@ def with_pp(recipe: run.Partial, size: int, schedule: str = "1f1b", microbatches
         raise ValueError(f"with_pp schedule must be one of {PP_SCHEDULES}, got {schedule!r}")
     s = strategy(recipe)
     s.pipeline_model_parallel_size, s.pipeline_schedule, s.microbatches = size, schedule, microbatches
+    return recipe
+
+
+def with_ep(recipe: run.Partial, size: int) -> run.Partial:
+    """Expert parallel over ``size`` ranks: each MoE layer's experts split between them, tokens exchanged by
+    all-to-all (``nemo_vfm.parallel.expert_parallel``). ``size`` divides the FSDP data-parallel ranks, which stay
+    on (experts are FSDP-sharded over the rest)."""
+    s = strategy(recipe)
+    s.expert_model_parallel_size, s.fsdp = size, True
     return recipe
 
 

@@ -113,7 +113,7 @@ class ThroughputLogger(L.Callback):
                 f.write(json.dumps({"step": trainer.global_step, "steps": self._steps,
                                     **{k.removeprefix("perf/"): v for k, v in stats.items()}}) + "\n")
         loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
-        rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | {line}")
+        rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | {line}" + _router_line(pl_module))
         self._t0, self._samples, self._tokens, self._steps, self._flops = time.perf_counter(), 0, 0, 0, 0.0
 
 
@@ -127,6 +127,20 @@ class StepProgressBar(TQDMProgressBar):
         if loss is not None:
             items["loss"] = f"{float(loss):.4f}"
         return items
+
+
+def _router_line(pl_module) -> str:
+    """`` | moe load max/min x.xx/x.xx unrouted x.x% tokens/expert [..]`` for models with MoE layers (this rank)."""
+    from nemo_vfm.models.common.moe import router_stats
+
+    model = getattr(pl_module, "model", None)
+    stats = router_stats(model) if isinstance(model, torch.nn.Module) else {}
+    if not stats:
+        return ""
+    tpe = stats["moe/tokens_per_expert"].tolist()
+    shown = ",".join(f"{t:.0f}" for t in tpe[:8]) + (",..." if len(tpe) > 8 else "")
+    return (f" | moe load max/min {stats['moe/max_load'].item():.2f}/{stats['moe/min_load'].item():.2f} "
+            f"unrouted {100 * stats['moe/unrouted'].item():.1f}% tokens/expert [{shown}]")
 
 
 class MetricsHistory(L.Callback):

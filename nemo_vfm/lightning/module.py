@@ -118,7 +118,9 @@ class DiffusionModule(L.LightningModule):
             loss, logs = self._pipeline_loss(x0, cond, batch.get("loss_mask"), g)
         else:
             loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
+            loss = self._add_moe_loss(loss, logs)
         self._log_step(loss, logs, x0.shape[0])
+        self._log_router_stats(x0.shape[0])
         return loss
 
     def _log_step(self, loss: torch.Tensor, logs: dict, batch_size: int) -> None:
@@ -134,6 +136,34 @@ class DiffusionModule(L.LightningModule):
         if trainer is None or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
             self.log("train/lr", lr, batch_size=batch_size)  # a Python float becomes a device tensor: a copy + sync
         self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
+
+    def _add_moe_loss(self, loss: torch.Tensor, logs: dict) -> torch.Tensor:
+        """The objective's loss plus the MoE layers' load-balancing loss of this forward (token-choice routing);
+        the network only predicts, its MoE layers leave the term behind (``nemo_vfm.models.common.moe``)."""
+        from nemo_vfm.models.common.moe import collect_aux_loss
+
+        aux = collect_aux_loss(self.model)
+        if aux is None:
+            return loss
+        logs["moe_aux_loss"] = aux.detach()
+        return loss + aux
+
+    def _log_router_stats(self, batch_size: int) -> None:
+        """MoE router statistics (this rank's tokens) at logging steps only: device tensors, no per-step sync."""
+        connector = getattr(self.trainer, "_logger_connector", None)
+        log_step = getattr(connector, "should_update_logs", None)
+        if log_step is None:
+            log_step = (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0
+        if not log_step:
+            return
+        from nemo_vfm.models.common.moe import router_stats
+
+        stats = router_stats(self.model)
+        per_expert = stats.pop("moe/tokens_per_expert", None)
+        if per_expert is not None and per_expert.numel() <= 16:
+            stats.update({f"moe/tokens_expert_{i}": v for i, v in enumerate(per_expert)})
+        if stats:
+            self.log_dict(stats, batch_size=batch_size)
 
     def _pipeline_loss(self, x0, cond: dict, loss_mask, g) -> tuple[torch.Tensor, dict]:
         """Forward and backward through this rank's stages; the loss (sum of the micro-batch shares) and
@@ -167,7 +197,9 @@ class DiffusionModule(L.LightningModule):
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
         g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device)
         loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
+        loss = self._add_moe_loss(loss, logs)
         self._log_step(loss, logs, batch.num_segments)
+        self._log_router_stats(batch.num_segments)
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

@@ -18,6 +18,9 @@ Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, t
 ``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
 attention first on CUDA). In a single process there is nothing to shard, so FSDP is skipped.
 
+``expert_model_parallel_size`` (EP) splits the experts of MoE layers over that many data-parallel ranks
+(it divides the FSDP ranks; ``nemo_vfm.parallel.expert_parallel``).
+
 ``float8="tensorwise"|"rowwise"`` trains the blocks' MLP (``float8_modules="all"``: every) linears in FP8
 through torchao (``nemo_vfm.parallel.float8``; not with tensor parallelism); measured gains and losses are
 in docs/benchmarks.md.
@@ -70,6 +73,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         microbatches: int | None = None,
         fsdp: bool = True,
         data_parallel_replicate_size: int = 1,
+        expert_model_parallel_size: int = 1,
         activation_checkpointing: str = "none",
         activation_checkpointing_every: int = 2,
         compile: bool | str = "auto",
@@ -101,10 +105,15 @@ class VFMParallelStrategy(ModelParallelStrategy):
             tp=tensor_model_parallel_size, sequence_parallel=sequence_parallel, cp=context_parallel_size,
             cp_kind=context_parallel_kind, pp=pipeline_model_parallel_size, pp_schedule=pipeline_schedule,
             pp_microbatches=microbatches, dp_replicate=data_parallel_replicate_size, fsdp=fsdp,
+            ep=expert_model_parallel_size,
         )
+        if expert_model_parallel_size > 1 and not fsdp:
+            raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
+                             "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
         # Check the knobs against each other now (on the smallest world they fit), the world size later.
         smallest = tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size
-        ParallelDims(world_size=smallest * data_parallel_replicate_size, **{**self.layout, "dp_shard": 1})
+        ep = expert_model_parallel_size
+        ParallelDims(world_size=smallest * data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
         self.parallelize_kwargs = dict(
             activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
             compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,

@@ -8,7 +8,10 @@ the gradient of the single-process loss (averaged over data-parallel ranks):
    this rank's heads (per-head QK-norm weights).
 2. *Pipeline-duplicated* parameters (the conditioning embedders that every stage runs) are summed
    over PP.
-3. Without FSDP, all gradients are averaged over ``dp_cp`` (data-parallel and CP ranks; CP ranks
+3. Expert weights under expert parallelism (``ep > 1``) hold the sum of every EP rank's local-loss
+   gradient (their all-to-all brings all ranks' tokens); FSDP averaged them over ``ep_fsdp``, so
+   dividing by ``ep`` gives the data-parallel mean.
+4. Without FSDP, all gradients are averaged over ``dp_cp`` (data-parallel and CP ranks; CP ranks
    carry gradients pre-scaled by ``cp`` by the token gather, so the average is their sum).
 
 Parameters are recognised by name (wrapper prefixes such as ``_checkpoint_wrapped_module.`` and
@@ -90,6 +93,12 @@ def sync_grads(
     if dims.pp > 1 and pp_duplicated:
         dup = [_local(p.grad) for n, p in named if _matches(n, pp_duplicated)]
         _all_reduce_flat(dup, pmesh.group("pp"), dist.ReduceOp.SUM)
+    if getattr(dims, "ep", 1) > 1:
+        from nemo_vfm.parallel.expert_parallel import is_expert_param
+
+        for _, p in named:
+            if is_expert_param(p):
+                _local(p.grad).div_(dims.ep)
     if not fsdp and pmesh.size("dp_cp") > 1:
         n = pmesh.size("dp_cp")
         grads = [_local(p.grad) for _, p in named]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import catalogue
 import fiddle as fdl
-import pytest
 from nemo_run.config import get_type_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,10 +21,7 @@ from nemo_vfm.train import train  # noqa: E402
 
 
 def factories() -> list[str]:
-    import nemo_vfm_recipes.dit  # noqa: F401
-    import nemo_vfm_recipes.moviegen  # noqa: F401
-    import nemo_vfm_recipes.stdit  # noqa: F401
-
+    launcher.register_recipes()
     return sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train)]))
 
 
