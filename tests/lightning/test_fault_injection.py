@@ -263,3 +263,115 @@ def test_sigkill_during_checkpoint_write(tmp_path):
     assert summary["step"] == 6
     assert sorted(p.name for p in ckpts.iterdir()) == ["step=00000004.ckpt", "step=00000006.ckpt"]
     assert verify_checkpoint(ckpts / "step=00000006.ckpt", deep=True) is None
+
+
+# -- vfm generate: untrusted, broken and wrong inputs ------------------------------------------------------
+GEN = {"tokenizer": {"name": "identity", "kwargs": {"spatial_compression": 2}},
+       "text_encoder": {"name": "hash", "kwargs": {"dim": 8, "max_length": 4}}, "latent_shape": [12, 2, 4, 4],
+       "fps": None}
+
+
+@pytest.fixture(scope="module")
+def gen_ckpt(tmp_path_factory):
+    """A Lightning-style checkpoint file of a tiny random text-to-video DiT (no training)."""
+    from nemo_vfm.diffusion.edm import EDM
+    from nemo_vfm.models.dit.model import DiTConfig
+
+    root = tmp_path_factory.mktemp("gen")
+    net = DiTConfig(num_layers=1, hidden_size=32, num_heads=4, in_channels=12, context_dim=8).build()
+    g = torch.Generator().manual_seed(0)
+    state = {f"model.{k}": torch.randn(v.shape, generator=g) * 0.2 for k, v in net.state_dict().items()}
+    path = root / "step=00000004.ckpt"
+    torch.save({"hyper_parameters": {"model_config": net.cfg, "objective": EDM(), "generation": GEN},
+                "state_dict": state, "global_step": 4}, path)
+    return path
+
+
+def _generate(capsys, *args):
+    from nemo_vfm.cli.main import main
+
+    rc = main(["generate", "--prompt", "a red fox", "--steps", "2", "--device", "cpu", *args])
+    return rc, capsys.readouterr().err
+
+
+def test_generate_refuses_a_safetensors_header_that_names_code(gen_ckpt, tmp_path, capsys):
+    import json
+
+    from safetensors.torch import save_file
+
+    marker = tmp_path / "pwned"
+    header = {"model_config": {"__class__": "subprocess:run", "args": [["touch", str(marker)]]},
+              "objective": {"__class__": "nemo_vfm.diffusion.edm:EDM"}, "generation": GEN, "step": 1}
+    evil = tmp_path / "evil.safetensors"
+    save_file({"w": torch.zeros(1)}, str(evil), metadata={"nemo_vfm": json.dumps(header)})
+    rc, err = _generate(capsys, "--ckpt", str(evil), "--out", str(tmp_path / "out"))
+    assert rc == 2 and "refusing to load" in err and "'subprocess:run'" in err and "config classes" in err
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_generate_refuses_a_pickle_that_runs_code(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "step=00000001.ckpt"
+    torch.save({"hyper_parameters": Boom(str(marker)), "state_dict": {}}, evil)
+    rc, err = _generate(capsys, "--ckpt", str(evil), "--out", str(tmp_path / "out"))
+    assert rc == 2 and "refusing to load" in err and "posix.system" in err and "--trust-pickle" in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("case", ["zero-byte ckpt", "truncated ckpt", "zero-byte safetensors", "bad header json"])
+def test_generate_broken_checkpoints_fail_clearly(gen_ckpt, tmp_path, capsys, case):
+    from safetensors.torch import save_file
+
+    if case == "zero-byte ckpt":
+        path, expect = tmp_path / "step=00000001.ckpt", "the file is empty"
+        path.write_bytes(b"")
+    elif case == "truncated ckpt":
+        path, expect = tmp_path / "step=00000001.ckpt", "not a complete torch.save archive"
+        path.write_bytes(gen_ckpt.read_bytes()[:5000])
+    elif case == "zero-byte safetensors":
+        path, expect = tmp_path / "m.safetensors", "not a readable safetensors file"
+        path.write_bytes(b"")
+    else:
+        path, expect = tmp_path / "m.safetensors", "header is not valid JSON"
+        save_file({"w": torch.zeros(1)}, str(path), metadata={"nemo_vfm": "{not json"})
+    rc, err = _generate(capsys, "--ckpt", str(path), "--out", str(tmp_path / "out"))
+    assert rc == 2 and expect in err, err
+    assert "Traceback" not in err
+
+
+def test_generate_folder_skips_a_broken_newest_checkpoint(gen_ckpt, tmp_path, capsys):
+    import shutil
+
+    shutil.copy(gen_ckpt, tmp_path / "step=00000004.ckpt")
+    (tmp_path / "step=00000008.ckpt").write_bytes(b"")
+    with pytest.warns(UserWarning, match="skipping checkpoint .*step=00000008.ckpt: the file is empty"):
+        rc, _ = _generate(capsys, "--ckpt", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert rc == 0 and (tmp_path / "out" / "batch000.mp4").exists()
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--height", "-32"], "--height must be a positive integer, got -32"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["--frames", "0"], "--frames must be a positive integer, got 0"),
+    (["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["--guidance", "nan"], "--guidance must be a finite number"),
+    (["--out", "FILE"], "is an existing file"),
+])
+def test_generate_checks_arguments_before_loading(tmp_path, capsys, args, expect):
+    file = tmp_path / "taken.txt"
+    file.write_text("x")
+    args = [str(file) if a == "FILE" else a for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    rc, err = _generate(capsys, "--ckpt", str(tmp_path / "does-not-exist.ckpt"), *out, *args)
+    assert rc == 2 and expect in err, err  # the argument, not the missing checkpoint: checked first
+
+
+def test_generate_refuses_nan_weights(gen_ckpt, tmp_path, capsys):
+    ckpt = safe_load(gen_ckpt)
+    name = next(k for k in ckpt["state_dict"] if k.endswith("weight"))
+    ckpt["state_dict"][name][0] = float("nan")
+    bad = tmp_path / "step=00000004.ckpt"
+    torch.save(ckpt, bad)
+    rc, err = _generate(capsys, "--ckpt", str(bad), "--out", str(tmp_path / "out"))
+    assert rc == 2 and "holds NaN/Inf weights" in err and name.removeprefix("model.") in err
+    assert not (tmp_path / "out").exists()
