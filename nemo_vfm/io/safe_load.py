@@ -133,3 +133,30 @@ def safe_load(path: str | os.PathLike, map_location="cpu", *, mmap: bool = False
             if type(e).__name__ == "UnpicklingError":
                 raise UnsafeCheckpointError(f"refusing to load {path}: {str(e).splitlines()[0]}") from e
             raise
+
+
+def restricted_loads(data: bytes, trusted_modules: tuple[str, ...], what: str = "pickled state"):
+    """``pickle.loads`` that may only build classes of the ``trusted_modules`` packages (e.g.
+    ``("megatron.energon",)`` for a data loader's state) that are dataclasses or plain dict/list/tuple subclasses
+    with no unpickling hooks of their own; anything else (a function such as ``os.system``, another package's
+    class) is refused with :class:`UnsafeCheckpointError` before it is imported."""
+    import io
+    import pickle
+
+    def trusted(module: str) -> bool:
+        return any(module == m or module.startswith(m + ".") for m in trusted_modules)
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            cls = None
+            if trusted(module) and "." not in name and not name.startswith("_"):
+                cls = getattr(importlib.import_module(module), name, None)
+            ok = isinstance(cls, type) and (dataclasses.is_dataclass(cls) or issubclass(cls, (dict, list, tuple))) \
+                and not any(a in vars(c) for c in cls.__mro__ if trusted(c.__module__)
+                            for a in ("__setstate__", "__reduce__", "__reduce_ex__", "__new__"))
+            if not ok:
+                raise UnsafeCheckpointError(f"refusing to unpickle {what}: it names {module}.{name}, which is not a "
+                                            f"plain data class of {', '.join(trusted_modules)}")
+            return cls
+
+    return Restricted(io.BytesIO(data)).load()

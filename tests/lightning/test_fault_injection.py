@@ -375,3 +375,34 @@ def test_generate_refuses_nan_weights(gen_ckpt, tmp_path, capsys):
     rc, err = _generate(capsys, "--ckpt", str(bad), "--out", str(tmp_path / "out"))
     assert rc == 2 and "holds NaN/Inf weights" in err and name.removeprefix("model.") in err
     assert not (tmp_path / "out").exists()
+
+
+# -- sharded (DCP) folders and the data-loader state ------------------------------------------------------
+def test_dcp_folders_verify_and_the_newest_complete_one_is_chosen(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    for step in (2, 4, 6):
+        d = tmp_path / f"step={step:08d}.ckpt"
+        dcp.save({"state_dict": {"model.w": torch.full((64,), float(step))}}, checkpoint_id=str(d), no_dist=True)
+        torch.save({"global_step": step}, d / "meta.pt")
+    (tmp_path / "step=00000006.ckpt" / ".metadata").unlink()  # killed before DCP wrote its metadata
+    shard = next(p for p in (tmp_path / "step=00000004.ckpt").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:10])
+    skipped = []
+    found = latest_checkpoint(tmp_path, deep=True, on_skip=lambda p, why: skipped.append((p.name, why)))
+    assert found.name == "step=00000002.ckpt"
+    assert skipped[0] == ("step=00000006.ckpt", "it has no .metadata (the save did not finish)")
+    assert skipped[1][0] == "step=00000004.ckpt" and f"shard {shard.name} is truncated" in skipped[1][1]
+
+
+def test_data_loader_state_unpickles_only_energon_data_classes(tmp_path):
+    from megatron.energon.state import FlexState
+
+    from nemo_vfm.io.safe_load import restricted_loads
+
+    state = FlexState(a=1, b=[1, 2])
+    assert restricted_loads(pickle.dumps(state), ("megatron.energon",)) == state
+    marker = tmp_path / "pwned"
+    with pytest.raises(UnsafeCheckpointError, match="names posix.system"):
+        restricted_loads(pickle.dumps(Boom(str(marker))), ("megatron.energon",), "the data loader state")
+    assert not marker.exists()
