@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / '.pyshim'}", "OMP_NUM_THREADS": "1"}
 
 
-def _train(root: Path, steps: int, *, callbacks=(), model=None, resume: bool = True, **trainer_kw):
+def _train(root: Path, steps: int, *, callbacks=(), model=None, resume: bool = True, fused: bool | None = None,
+           **trainer_kw):
     from nemo_vfm.data.synthetic import ShapesDataModule
     from nemo_vfm.inference.generate import SamplingConfig
     from nemo_vfm.lightning.module import OptimConfig
@@ -42,7 +43,7 @@ def _train(root: Path, steps: int, *, callbacks=(), model=None, resume: bool = T
                  data=ShapesDataModule(num_clips=16, num_frames=2, height=16, width=16, batch_size=4,
                                        tokenizer_kwargs={"spatial_compression": 2}, text_encoder_kwargs={"dim": 16}),
                  trainer=TrainerConfig(max_steps=steps, callbacks=list(callbacks), **kw),
-                 optim=OptimConfig(lr=1e-3, warmup_steps=1), log=ExperimentConfig(name="run", root=str(root),
+                 optim=OptimConfig(lr=1e-3, warmup_steps=1, fused=fused), log=ExperimentConfig(name="run", root=str(root),
                                                                                  resume=resume),
                  sampling=SamplingConfig(enabled=False), ema_decay=0.9, seed=3)
 
@@ -101,10 +102,11 @@ def test_stop_names_the_step_the_last_loss_and_the_checkpoint(tmp_path):
     assert _finite(ckpts[0])
 
 
-def test_skip_drops_one_bad_update_and_goes_on(tmp_path):
+@pytest.mark.parametrize("fused", [False, True])  # host-side skip / the fused AdamW's device-side found_inf
+def test_skip_drops_one_bad_update_and_goes_on(tmp_path, fused):
     poison = PoisonBatches({3})
     with pytest.warns(UserWarning, match="skipped 1 step"):
-        summary = _train(tmp_path, 6, callbacks=[poison], nonfinite="skip")
+        summary = _train(tmp_path, 6, callbacks=[poison], nonfinite="skip", fused=fused)
     assert summary["step"] == 6 and math.isfinite(summary["loss"])
     assert poison.changed == {3: False}  # the poisoned step left the weights as they were
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step=*.ckpt"))
