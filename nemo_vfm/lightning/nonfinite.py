@@ -51,8 +51,8 @@ def _any_nonfinite(tensors, device) -> torch.Tensor:
             groups.setdefault((t.device, t.dtype), []).append(t)
     bad = torch.zeros((), dtype=torch.bool, device=device)
     for ts in groups.values():
-        norms = torch._foreach_norm(ts, 2.0)
-        bad = bad | ~torch.isfinite(torch.stack([n.float() for n in norms]).sum()).to(device)
+        norms = torch._foreach_norm(ts, 2.0)  # one multi-tensor kernel; NaN/Inf anywhere makes its norm non-finite
+        bad = bad | ~torch.isfinite(torch.stack(norms).float().sum()).to(device)
     return bad
 
 
