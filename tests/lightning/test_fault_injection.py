@@ -261,8 +261,15 @@ def test_sigkill_during_checkpoint_write(tmp_path):
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert list(ckpts.glob(".step=00000004.ckpt.tmp*")) and not (ckpts / "step=00000004.ckpt").exists()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as f:  # as if the kill had also torn the metrics log's last line
+        f.write('{"step": 4, "lo')
     summary = _train(tmp_path, 6)  # resumes from step 2, removes the dead process's temporary file
     assert summary["step"] == 6
+    from nemo_vfm.lightning.callbacks import read_metrics
+
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3, 4, 5, 6]
+    assert (tmp_path / "run" / "loss_curve.png").exists()
     assert sorted(p.name for p in ckpts.iterdir()) == ["step=00000004.ckpt", "step=00000006.ckpt"]
     assert verify_checkpoint(ckpts / "step=00000006.ckpt", deep=True) is None
 
