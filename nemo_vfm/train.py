@@ -169,7 +169,12 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         exp_dir.mkdir(parents=True, exist_ok=True)
         config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
                   "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed}
-        (exp_dir / "config.yaml").write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+        tmp = exp_dir / f".config.yaml.tmp{os.getpid()}"  # atomic: a full disk leaves the old config.yaml whole
+        try:
+            tmp.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+            os.replace(tmp, exp_dir / "config.yaml")
+        finally:
+            tmp.unlink(missing_ok=True)
 
     L.seed_everything(seed, workers=True, verbose=False)
     module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed)

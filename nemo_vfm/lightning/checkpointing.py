@@ -31,6 +31,7 @@ from nemo_vfm.io.checkpoint_files import (  # noqa: F401  (re-exported)
     latest_checkpoint,
     list_checkpoints,
     prune_checkpoints,
+    remove_checkpoint,
     verify_checkpoint,
 )
 
@@ -82,9 +83,29 @@ class RotatingCheckpoint(ModelCheckpoint):
         self.keep = keep
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            super()._save_checkpoint(trainer, filepath)
+        except CheckpointWriteError:
+            raise
+        except (OSError, CheckpointException) as e:  # a sharded (DCP) save: the folder is incomplete, remove it
+            path = Path(filepath)
+            if trainer.is_global_zero and path.is_dir() and not (path / ".metadata").exists():
+                remove_checkpoint(path)
+            cause = e if isinstance(e, OSError) else _first_os_error(e) or OSError(errno.EIO, str(e).splitlines()[0])
+            raise write_error(path, cause) from e
         if trainer.is_global_zero:
             prune_checkpoints(self.dirpath, self.keep)
+
+
+def _first_os_error(e) -> OSError | None:
+    """The first ``OSError`` among the ranks' failures of a DCP ``CheckpointException``."""
+    for failure in getattr(e, "failures", {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback summary)
+        if isinstance(exc, OSError):
+            return exc
+    return None
 
 
 def move_aside(exp_dir: Path) -> Path | None:

@@ -415,3 +415,28 @@ def test_data_loader_state_unpickles_only_energon_data_classes(tmp_path):
     with pytest.raises(UnsafeCheckpointError, match="names posix.system"):
         restricted_loads(pickle.dumps(Boom(str(marker))), ("megatron.energon",), "the data loader state")
     assert not marker.exists()
+
+
+def test_disk_full_during_a_sharded_save_removes_the_incomplete_folder(tmp_path):
+    """A DCP save failing on some rank (CheckpointException carrying the OSError) names the full disk,
+    removes the folder it left without .metadata and keeps the previous checkpoint."""
+    from types import SimpleNamespace
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    prev = tmp_path / "step=00000002.ckpt"
+    dcp.save({"state_dict": {"model.w": torch.ones(8)}}, checkpoint_id=str(prev), no_dist=True)
+    target = tmp_path / "step=00000004.ckpt"
+
+    def failing_save(path, weights_only=False):
+        Path(path).mkdir()
+        (Path(path) / "__0_0.distcp").write_bytes(b"partial")
+        raise CheckpointException("save failed", {1: (OSError(errno.ENOSPC, "No space left on device"), None)})
+
+    trainer = SimpleNamespace(save_checkpoint=failing_save, is_global_zero=True, global_step=4, loggers=[])
+    cb = checkpointing.RotatingCheckpoint(tmp_path, 2, 2)
+    with pytest.raises(CheckpointWriteError, match=r"the disk is full .*the previous checkpoint .*step=00000002.ckpt "
+                                                   r"is intact"):
+        cb._save_checkpoint(trainer, str(target))
+    assert not target.exists() and verify_checkpoint(prev, deep=True) is None
