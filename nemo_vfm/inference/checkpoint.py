@@ -55,6 +55,10 @@ def _latest(folder: Path) -> Path | None:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file or folder, or the newest ``step=N.ckpt`` in an experiment (or ``checkpoints/``) folder."""
     path = Path(path)
+    from nemo_vfm.io.checkpoint_files import checkpoint_step, verify_checkpoint
+
+    if path.is_dir() and checkpoint_step(path) is not None and (why := verify_checkpoint(path)):
+        raise ValueError(f"cannot use checkpoint {path}: {why}")  # a sharded step=N.ckpt/ folder, incomplete
     if path.is_dir() and not (path / ".metadata").exists():
         found = _latest(path / "checkpoints") or _latest(path)
         if found is None:
@@ -63,8 +67,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.suffix != ".safetensors":
-        from nemo_vfm.io.checkpoint_files import verify_checkpoint
-
         why = verify_checkpoint(path)
         if why:
             raise ValueError(f"cannot use checkpoint {path}: {why}")
