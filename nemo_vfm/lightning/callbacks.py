@@ -155,6 +155,14 @@ class MetricsHistory(L.Callback):
         self.path, self.every = Path(exp_dir) / "metrics.jsonl", max(1, every_n_steps)
         self._rows: list[tuple[int, dict]] = []
 
+    def on_train_start(self, trainer, pl_module):
+        """A run killed mid-append leaves a torn last line: end it, so the next row is not merged into it."""
+        if trainer.global_rank == 0 and self.path.exists() and self.path.stat().st_size:
+            with open(self.path, "rb+") as f:
+                f.seek(-1, 2)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank != 0:
             return
@@ -198,12 +206,17 @@ class MetricsHistory(L.Callback):
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """Rows of a ``metrics.jsonl``; for a step written twice (a resumed run), the last row wins."""
+    """Rows of a ``metrics.jsonl``; for a step written twice (a resumed run), the last row wins; torn lines
+    (a killed run) are skipped."""
     rows: dict[int, dict] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
-            row = json.loads(line)
-            rows[row["step"]] = row
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by a killed run
+                continue
+            if isinstance(row, dict) and "step" in row:
+                rows[row["step"]] = row
     return [rows[s] for s in sorted(rows)]
 
 
