@@ -12,6 +12,7 @@
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                               "ranks (0: the tokenizer as configured)")
     p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
     p.add_argument("--upscale", type=int, default=0, help="nearest-neighbour upscaling of the output (0: auto)")
+    p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
+                                                                   "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
     p.add_argument("--image", help="image-to-video (Wan I2V folders): the first frame")
     p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
                                                                 "(weights + config) and exit")
@@ -106,6 +109,10 @@ def _run(args) -> int:
     if not gen:
         raise ValueError(f"{args.ckpt} does not record its tokenizer and text encoder (trained on mock latents?); "
                          "nothing to decode with")
+    if args.flow_shift is not None:
+        if not hasattr(info.objective, "shift"):
+            raise ValueError("--flow-shift applies to flow-matching checkpoints; drop it")
+        info.objective = dataclasses.replace(info.objective, shift=args.flow_shift)
     sampler = args.sampler or default_sampler(info.objective)
     check_sampler(info.objective, sampler)
     cfg = SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)

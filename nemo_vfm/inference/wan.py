@@ -34,9 +34,9 @@ def wan_checkpoint_info(path: str | Path):
 
     root = Path(path)
     cfg = read_config(root)
-    flavor = flavor_of(cfg)
-    sampling = SAMPLING.get(flavor or "", SAMPLING["t2v_1_3b"])
-    objective = wan_objective(flavor or "t2v_1_3b")
+    flavor = flavor_of(cfg) or ("i2v_14b_480p" if cfg.is_i2v else "t2v_1_3b")  # the I2V sizes share one architecture
+    sampling = SAMPLING[flavor]
+    objective = wan_objective(flavor)
     gen = {"fps": WAN_FPS, "negative_prompt": ""}
     if (root / "vae").is_dir():
         gen["tokenizer"] = {"name": "wan", "kwargs": {"path": str(root)}}
