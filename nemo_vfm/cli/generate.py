@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                               "ranks (0: the tokenizer as configured)")
     p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
     p.add_argument("--upscale", type=int, default=0, help="nearest-neighbour upscaling of the output (0: auto)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block (faster denoising "
+                                                          "on GPUs after a one-time compile)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
     p.add_argument("--image", help="image-to-video (Wan I2V folders): the first frame")
@@ -137,7 +139,8 @@ def _run(args) -> int:
         check_model_layout(info.model_config, layout, thw)  # heads vs tp/cp, before loading weights
         dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
         engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
-                                                 latent_thw=thw, tokenizer=tokenizer.to(device).eval())
+                                                 latent_thw=thw, tokenizer=tokenizer.to(device).eval(),
+                                                 compile=args.compile)
         out = Path(args.out)
         fps = gen.get("fps") or 8.0
         if rank == 0:
