@@ -3,6 +3,8 @@
 weights compared. Also: a Wan weights folder streams into an FSDP2- / TP-sharded model (each rank
 materialises only its shards) and gives the single-process weights."""
 
+import dataclasses
+
 import pytest
 import torch
 from gloo_launcher import run_distributed
@@ -43,11 +45,15 @@ def _worker(rank, world, layouts, folder):
         extra = {k: v for k, v in kw.items() if k in _AC}
         out[name] = E.run_layout(cfg, problem, ParallelDims(world_size=world, **dims_kw), **extra)
     loaded = {}
-    for name, dims_kw in {"FSDP2": {}, "TP2": dict(tp=2)}.items():
+    for name, dims_kw in {"FSDP2": {}, "TP2": dict(tp=2), "FSDP2 init_weights": {}}.items():
         pmesh = build_mesh(ParallelDims(world_size=world, **dims_kw))
-        model = parallelize_wan(cfg.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
+        c = dataclasses.replace(cfg, pretrained=folder) if "init_weights" in name else cfg
+        model = parallelize_wan(c.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
         model.to_empty(device="cpu")
-        load_weights(model, folder)
+        if "init_weights" in name:
+            model.init_weights()  # the strategy's materialisation step, with WanConfig.pretrained set
+        else:
+            load_weights(model, folder)
         assert any(isinstance(p, DTensor) for p in model.parameters())
         loaded[name] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).clone() for k, v in
                         model.state_dict().items()}
