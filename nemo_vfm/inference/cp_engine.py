@@ -42,14 +42,20 @@ def _dtype(d) -> torch.dtype:
     return DTYPES[d]
 
 
-def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, pmesh) -> torch.nn.Module:
-    """Apply the model family's parallel plan (TP/SP, CP; no FSDP, no checkpointing) for ``layout``."""
+def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, pmesh,
+                              compile: bool = False) -> torch.nn.Module:
+    """Apply the model family's parallel plan (TP/SP, CP; no FSDP, no checkpointing) for ``layout``;
+    ``compile``: ``torch.compile`` each block (``nemo_vfm.parallel.compile``)."""
     if pmesh is None:
+        if compile:
+            from nemo_vfm.parallel.compile import compile_blocks
+
+            compile_blocks(model.blocks)
         return model
     plan = family_plan(model)
     params = inspect.signature(plan.parallelize).parameters
     kwargs = {k: v for k, v in dict(attention_backend=layout.attention_backend, param_dtype=None,
-                                    reduce_dtype=None).items() if k in params}
+                                    reduce_dtype=None, compile=compile).items() if k in params}
     return plan.parallelize(model, pmesh, **kwargs)
 
 
@@ -77,11 +83,11 @@ class InferenceEngine:
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
     def from_model(cls, model, objective, layout: InferenceLayout | None = None, *, device=None, dtype=None,
-                   cache_text_kv: bool = True, **kwargs) -> InferenceEngine:
+                   cache_text_kv: bool = True, compile: bool = False, **kwargs) -> InferenceEngine:
         """Parallelise a plain network whose weights are loaded (the same on every rank) for ``layout``.
 
         ``cache_text_kv``: compute the text keys/values of cross-attention once per generation
-        (:mod:`nemo_vfm.inference.text_cache`; exact)."""
+        (:mod:`nemo_vfm.inference.text_cache`; exact; not combined with ``compile``, which compiles the blocks)."""
         layout = layout or InferenceLayout()
         device = torch.device(device) if device is not None else next(model.parameters()).device
         check_model_layout(model.cfg, layout)
@@ -89,15 +95,16 @@ class InferenceEngine:
         model = model.to(device)
         if dtype is not None:
             model = model.to(_dtype(dtype))
-        parallelize_for_inference(model, layout, pmesh)
-        if cache_text_kv:
+        parallelize_for_inference(model, layout, pmesh, compile)
+        if cache_text_kv and not compile:
             cache_text_projections(model)
         return cls(model, objective, layout=layout, pmesh=pmesh, device=device, dtype=dtype, **kwargs)
 
     @classmethod
     def from_checkpoint(cls, path, layout: InferenceLayout | None = None, *, device=None, dtype="bf16",
                         use_ema: bool = True, latent_thw=None, tokenizer=None, text_encoder=None,
-                        build_encoders: bool = True, cache_text_kv: bool = True) -> InferenceEngine:
+                        build_encoders: bool = True, cache_text_kv: bool = True,
+                        compile: bool = False) -> InferenceEngine:
         """Build the network on the meta device, parallelise it, materialise it in ``dtype`` on ``device``
         and load the checkpoint's weights (each rank reads only its own pieces of a DCP checkpoint).
 
@@ -115,14 +122,14 @@ class InferenceEngine:
         check_model_layout(cfg, layout, latent_thw)
         pmesh = build_inference_mesh(layout, cfg.num_heads, device.type)
         model = cfg.build("meta").to(_dtype(dtype))
-        parallelize_for_inference(model, layout, pmesh)
+        parallelize_for_inference(model, layout, pmesh, compile)
         model.to_empty(device=device)
         kept = set(model.state_dict())
         if any(name not in kept for name, _ in model.named_buffers()):
             raise NotImplementedError(f"{type(model).__name__} has non-persistent buffers, which a checkpoint does "
                                       "not restore after building on the meta device; load it with load_checkpoint")
         load_weights(model, info, use_ema)
-        if cache_text_kv:
+        if cache_text_kv and not compile:
             cache_text_projections(model)
         rank = dist.get_rank() if dist.is_initialized() else 0
         gen = info.generation
@@ -148,10 +155,12 @@ class InferenceEngine:
 
         from nemo_vfm.diffusion.conditioning import null_condition
 
+        negative = self.generation.get("negative_prompt")  # Wan: CFG against an encoded negative prompt
         if self.rank == 0:
             if self.text_encoder is None:
                 raise ValueError("this engine has no text encoder; pass text_encoder= (rank 0) to encode prompts")
-            emb, mask = self.text_encoder.encode(list(prompts))
+            emb, mask = self.text_encoder.encode(list(prompts) + ([negative] * len(prompts) if negative is not None
+                                                                  else []))
             emb, mask = emb.float().to(self.device), mask.to(self.device)
         if self.distributed:
             shape = [tuple(emb.shape) if self.rank == 0 else None]
@@ -163,9 +172,12 @@ class InferenceEngine:
             dist.broadcast(emb, src=0)
             dist.broadcast(m8, src=0)
             mask = m8.bool()
-        cond = {"context": emb, "context_mask": mask}
+        n = len(prompts)
+        cond = {"context": emb[:n], "context_mask": mask[:n]}
         if fps is not None:
-            cond["fps"] = torch.full((len(prompts),), float(fps), device=self.device)
+            cond["fps"] = torch.full((n,), float(fps), device=self.device)
+        if negative is not None:
+            return cond, {**cond, "context": emb[n:], "context_mask": mask[n:]}
         return cond, null_condition(cond)
 
     @torch.no_grad()
@@ -196,9 +208,12 @@ class InferenceEngine:
         return None if out is None else out.cpu()
 
     def generate(self, prompts: list[str], latent_shape=None, sampling=None, fps: float | None = None,
-                 progress: bool = False, decode: bool = True) -> tuple[torch.Tensor | None, dict]:
+                 progress: bool = False, decode: bool = True,
+                 extra_cond: dict | None = None) -> tuple[torch.Tensor | None, dict]:
         """Prompts -> videos ``(N, 3, T, H, W)`` on rank 0 (latents ``(N, C, t, h, w)`` with ``decode=False``;
-        ``None`` on other ranks when decoding) and per-stage seconds ``{text_encode_s, denoise_s, decode_s}``."""
+        ``None`` on other ranks when decoding) and per-stage seconds ``{text_encode_s, denoise_s, decode_s}``.
+        ``extra_cond``: further network inputs for both CFG passes (Wan I2V: ``image_embeds``, ``cond_latents``),
+        the same on every rank."""
         from nemo_vfm.inference.generate import SamplingConfig
 
         sampling = sampling or SamplingConfig()
@@ -207,6 +222,9 @@ class InferenceEngine:
         times = {}
         t0 = time.perf_counter()
         cond, uncond = self.encode_text(prompts, fps)
+        if extra_cond:
+            extra = {k: v.to(self.device) for k, v in extra_cond.items()}
+            cond, uncond = {**cond, **extra}, {**uncond, **extra}
         self._sync()
         times["text_encode_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
