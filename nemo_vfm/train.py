@@ -121,8 +121,12 @@ def _sample_fn(data, sampling, fps):
 
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
-          cond_dropout: float = 0.1, seed: int = 1234) -> dict:
+          cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
     """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).
+
+    Fine-tuning: ``init_from`` (a checkpoint, experiment folder, safetensors export or a published weights
+    folder the family converts) initialises the network before training; a run that resumes from its own
+    checkpoint skips it. ``lora`` (a ``LoRAConfig``) adds adapters after that and trains only them.
 
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
@@ -150,11 +154,16 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)
         config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
-                  "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed}
+                  "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed,
+                  "init_from": init_from, "lora": lora}
         (exp_dir / "config.yaml").write_text(yaml.safe_dump(_plain(config), sort_keys=False))
 
     L.seed_everything(seed, workers=True, verbose=False)
-    module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed)
+    resume = latest_checkpoint(ckpt_dir) if log.resume else None
+    if init_from is not None and resume is None and not Path(init_from).exists():
+        raise FileNotFoundError(f"init_from={init_from} does not exist; point it at pretrained weights")
+    module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
+                             init_from=None if resume is not None else init_from, lora=lora)
     if hasattr(data, "build_encoders"):
         module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
                                         "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
@@ -187,7 +196,6 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         enable_model_summary=False, default_root_dir=str(exp_dir), limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=False,  # the data modules split samples over data-parallel ranks themselves
     )
-    resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if resume is not None and rank == 0:
         print(f"resuming from {resume}")
     # our own checkpoints hold config dataclasses and data-loader state: not weights-only loadable

@@ -44,6 +44,7 @@ class CheckpointInfo:
     generation: dict
     step: int
     _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
+    lora: object = None  # the LoRAConfig of a LoRA run (its adapters are merged into the weights on loading)
 
 
 def _latest(folder: Path) -> Path | None:
@@ -109,7 +110,7 @@ def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> Che
     if "model_config" not in hp:
         raise ValueError(f"{path} was not written by nemo_vfm.train (no model_config in its hyper-parameters)")
     return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], dict(hp.get("generation") or {}), step,
-                          state)
+                          state, hp.get("lora"))
 
 
 def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
@@ -150,7 +151,20 @@ def _prefix(keys, use_ema: bool, root: str = "") -> str:
 
 
 def full_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
-    """All weights as full tensors in this process (for export and for small models)."""
+    """All weights as full tensors in this process (for export and for small models); a LoRA run's
+    adapters are merged into their base weights (plain model keys)."""
+    state = raw_state_dict(info, use_ema)
+    from nemo_vfm.models.common.lora import has_lora, merge_lora_state_dict
+
+    if has_lora(state):
+        if info.lora is None:
+            raise ValueError(f"{info.path} holds LoRA adapters but no LoRA config (rank/alpha) to merge them with")
+        state = merge_lora_state_dict(state, info.lora.scale)
+    return state
+
+
+def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
+    """All weights as saved (LoRA runs: ``.base.`` / ``.lora_A.`` / ``.lora_B.`` keys), full tensors."""
     if info.kind == "file":
         p = _prefix(info._state, use_ema)
         return {k[len(p):]: v for k, v in info._state.items() if k.startswith(p)}
@@ -233,7 +247,14 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_em
     safetensors export, or an experiment folder: its newest checkpoint)."""
     info = read_checkpoint_info(path)
     net = info.model_config.build()
-    load_weights(net, info, use_ema)
+    if info.kind == "dcp" and info.lora is not None:  # DCP reads by this model's keys: adapt, load, then merge
+        from nemo_vfm.models.common.lora import apply_lora, merge_lora
+
+        apply_lora(net, info.lora)
+        load_weights(net, info, use_ema)
+        merge_lora(net)
+    else:
+        load_weights(net, info, use_ema)
     return LoadedModel(net.to(device).eval(), info.objective, info.model_config, info.generation, info.step)
 
 
@@ -256,3 +277,40 @@ def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = T
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={META_KEY: header})
     os.replace(tmp, out_file)
     return out_file
+
+
+def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
+    """Initialise a freshly built network from pretrained weights (fine-tuning; not a resume: no optimizer
+    state, step 0): one of our checkpoints (``.ckpt`` file, DCP folder, experiment folder, safetensors
+    export; EMA weights when present, LoRA runs merged) or a published release that the family's
+    ``convert`` module reads (``load_pretrained(net, path)``, e.g. a Wan diffusers folder)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"pretrained weights not found: {path}; set init_from to a checkpoint, an experiment "
+                                "folder or a published weights folder/file")
+    ours = False
+    if path.is_dir():
+        ours = (path / ".metadata").exists() or _latest(path / "checkpoints") or _latest(path)
+    elif path.suffix == ".ckpt":
+        ours = True
+    elif path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            ours = META_KEY in (f.metadata() or {})
+    if ours:
+        info = read_checkpoint_info(path)
+        if info.kind == "dcp" and info.lora is not None:
+            raise ValueError(f"{path} is a sharded LoRA run; export it first (vfm export --ckpt {path} --format "
+                             "safetensors) and start from the export")
+        load_weights(net, info)
+        return
+    package = type(net).__module__.rsplit(".", 1)[0]
+    try:
+        convert = importlib.import_module(package + ".convert")
+    except ModuleNotFoundError:
+        convert = None
+    if convert is None or not hasattr(convert, "load_pretrained"):
+        raise ValueError(f"{path} is not a nemo_vfm checkpoint and {type(net).__name__} has no converter for published "
+                         f"weights ({package}.convert.load_pretrained); pass a checkpoint written by nemo_vfm")
+    convert.load_pretrained(net, path)
