@@ -119,6 +119,25 @@ def _sample_fn(data, sampling, fps):
     return fn
 
 
+def _write_class_samples(model, objective, data, init_from, sampling) -> None:
+    """DreamBooth prior preservation: the base model (``init_from``) draws the missing class videos."""
+    if init_from is None:
+        raise ValueError("prior preservation draws class samples from the base model: set init_from, or fill "
+                         f"data.class_data={data.class_data} with class videos yourself")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"data.class_data={data.class_data} lacks {data.missing_class_samples} class videos; draw them "
+                         "in one process first (the same command without torchrun), then launch the distributed run")
+    from nemo_vfm.inference.checkpoint import load_pretrained
+    from nemo_vfm.inference.class_samples import write_class_samples
+
+    net = model.build()
+    load_pretrained(net, init_from)
+    n = data.missing_class_samples
+    print(f"prior preservation: drawing {n} videos of {data.class_prompt!r} from {init_from}")
+    write_class_samples(net, objective, data, n, sampling)
+    del net
+
+
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
           cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
@@ -162,6 +181,8 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if init_from is not None and resume is None and not Path(init_from).exists():
         raise FileNotFoundError(f"init_from={init_from} does not exist; point it at pretrained weights")
+    if getattr(data, "missing_class_samples", 0) and resume is None:
+        _write_class_samples(model, objective, data, init_from, sampling)
     module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
                              init_from=None if resume is not None else init_from, lora=lora)
     if hasattr(data, "build_encoders"):

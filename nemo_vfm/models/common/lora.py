@@ -21,8 +21,6 @@ State-dict keys: ``<path>.base.weight``, ``<path>.base.bias``, ``<path>.lora_A.w
 ``<path>.lora_B.weight``. :func:`merge_lora_state_dict` folds them into plain ``<path>.weight`` keys.
 """
 
-from __future__ import annotations
-
 import fnmatch
 import math
 from dataclasses import dataclass
