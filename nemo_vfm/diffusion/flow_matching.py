@@ -1,6 +1,6 @@
 """Rectified flow / flow matching with a velocity target.
 
-    x_t = (1 - t) * x0 + t * n,   target v = n - x0,   t = shift(sigmoid(N(m, s)))
+    x_t = (1 - t) * x0 + t * n,   target v = n - x0,   t = shift(sigmoid(N(m, s)))  (or shift(U(0, 1)))
     shift(t) = a * t / (1 + (a - 1) * t)   (a > 1 spends more training on noisy times; SD3 uses 3)
 
 The network receives ``t`` itself as its time input (the DiT scales it by ``timestep_scale``).
@@ -22,15 +22,21 @@ class FlowMatching:
     logit_mean: float = 0.0
     logit_std: float = 1.0
     shift: float = 1.0
+    time_sampling: str = "logit_normal"  # "logit_normal" (SD3) | "uniform" (Wan)
 
     def __post_init__(self):
         if self.shift <= 0 or self.logit_std <= 0:
             raise ValueError("FlowMatching.shift and logit_std must be > 0")
+        if self.time_sampling not in ("logit_normal", "uniform"):
+            raise ValueError(f"FlowMatching.time_sampling must be 'logit_normal' or 'uniform', got "
+                             f"{self.time_sampling!r}")
 
     def shift_time(self, t: torch.Tensor) -> torch.Tensor:
         return self.shift * t / (1 + (self.shift - 1) * t)
 
     def sample_time(self, batch: int, generator=None, device=None) -> torch.Tensor:
+        if self.time_sampling == "uniform":
+            return self.shift_time(torch.rand(batch, generator=generator, device=device))
         n = torch.randn(batch, generator=generator, device=device)
         return self.shift_time(torch.sigmoid(n * self.logit_std + self.logit_mean))
 

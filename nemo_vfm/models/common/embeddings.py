@@ -180,6 +180,14 @@ def apply_rope(x_BHSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+def apply_rope_interleaved(x_BHSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``(B, heads, S, Dh)`` by tables ``(1 or B, S, Dh/2)`` with adjacent pairing ``(x[2i], x[2i+1])``
+    (the complex-number convention of Wan and Llama's original code); same tables as :func:`apply_rope`."""
+    cos, sin = cos[:, None].to(x_BHSD.dtype), sin[:, None].to(x_BHSD.dtype)
+    x1, x2 = x_BHSD.unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
 def embed_conditions(model: nn.Module, timesteps: torch.Tensor, class_labels=None, fps=None) -> torch.Tensor:
     """``c (B, D)``: the sum of a model's ``t_embedder`` and, when it has them, ``y_embedder`` (class labels)
     and ``fps_embedder``; a clear error when the model needs an input that was not given."""
