@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("nemo_vfm.cli.generate", "sample videos from a trained checkpoint"),
     "curate": ("nemo_vfm.cli.curate", "curate raw videos into captioned clips in webdataset shards (Ray)"),
     "prepare": ("nemo_vfm.cli.prepare", "clips + captions -> tokenized, text-encoded Energon shards (resumable)"),
+    "export": ("nemo_vfm.cli.export", "a checkpoint as LoRA adapters or a diffusers/original model folder"),
 }
 
 

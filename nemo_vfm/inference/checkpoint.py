@@ -246,7 +246,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_em
     """Rebuild the network in this process from any checkpoint kind (a ``.ckpt`` file, a DCP folder, a
     safetensors export, or an experiment folder: its newest checkpoint)."""
     info = read_checkpoint_info(path)
-    net = info.model_config.build()
+    cfg = info.model_config
+    if getattr(cfg, "pretrained", None):  # the checkpoint holds every weight: do not read the base model again
+        cfg = dataclasses.replace(cfg, pretrained=None)
+    net = cfg.build()
     if info.kind == "dcp" and info.lora is not None:  # DCP reads by this model's keys: adapt, load, then merge
         from nemo_vfm.models.common.lora import apply_lora, merge_lora
 
@@ -283,7 +286,7 @@ def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
     """Initialise a freshly built network from pretrained weights (fine-tuning; not a resume: no optimizer
     state, step 0): one of our checkpoints (``.ckpt`` file, DCP folder, experiment folder, safetensors
     export; EMA weights when present, LoRA runs merged) or a published release that the family's
-    ``convert`` module reads (``load_pretrained(net, path)``, e.g. a Wan diffusers folder)."""
+    ``convert`` module reads (``load_weights(net, path)``: a Wan folder in the diffusers or original layout)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"pretrained weights not found: {path}; set init_from to a checkpoint, an experiment "
@@ -305,12 +308,17 @@ def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
                              "safetensors) and start from the export")
         load_weights(net, info)
         return
-    package = type(net).__module__.rsplit(".", 1)[0]
-    try:
-        convert = importlib.import_module(package + ".convert")
-    except ModuleNotFoundError:
-        convert = None
-    if convert is None or not hasattr(convert, "load_pretrained"):
+    convert = family_convert(net)
+    if convert is None or not hasattr(convert, "load_weights"):
         raise ValueError(f"{path} is not a nemo_vfm checkpoint and {type(net).__name__} has no converter for published "
-                         f"weights ({package}.convert.load_pretrained); pass a checkpoint written by nemo_vfm")
-    convert.load_pretrained(net, path)
+                         "weights (<family>.convert.load_weights); pass a checkpoint written by nemo_vfm")
+    convert.load_weights(net, path)
+
+
+def family_convert(net_or_config):
+    """The ``convert`` module of a model family (published-weights converters), or None."""
+    package = type(net_or_config).__module__.rsplit(".", 1)[0]
+    try:
+        return importlib.import_module(package + ".convert")
+    except ModuleNotFoundError:
+        return None

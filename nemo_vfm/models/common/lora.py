@@ -41,8 +41,11 @@ class LoRAConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] | None = None
+    frozen_dtype: str | None = None  # "bf16": keep the frozen weights in bf16 (half the memory; needs bf16 autocast)
 
     def __post_init__(self):
+        if self.frozen_dtype not in (None, "bf16", "fp16"):
+            raise ValueError(f"LoRAConfig.frozen_dtype must be None, 'bf16' or 'fp16', got {self.frozen_dtype!r}")
         if self.rank < 1:
             raise ValueError(f"LoRAConfig.rank must be >= 1, got {self.rank}")
         if self.alpha <= 0:
@@ -164,6 +167,11 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig | None = None, *, targets=None,
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, LoRALinear(lin, cfg.rank, cfg.alpha, cfg.dropout))
+    if cfg.frozen_dtype is not None:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.frozen_dtype]
+        for p in model.parameters():
+            if not p.requires_grad and p.is_floating_point():
+                p.data = p.data.to(dtype)
     return [name for name, _ in chosen]
 
 
