@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     from nemo_vfm_recipes.cli import run_cli
 
     for optional in ("nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
-                     "nemo_vfm_recipes.moviegen"):  # extra fiddlers and model families, when installed
+                     "nemo_vfm_recipes.moviegen", "nemo_vfm_recipes.finetune"):  # extra fiddlers and model families, when installed
         try:
             __import__(optional)
         except ModuleNotFoundError as e:

@@ -121,19 +121,20 @@ def _sample_fn(data, sampling, fps):
 
 def _write_class_samples(model, objective, data, init_from, sampling) -> None:
     """DreamBooth prior preservation: the base model (``init_from``) draws the missing class videos."""
-    if init_from is None:
-        raise ValueError("prior preservation draws class samples from the base model: set init_from, or fill "
-                         f"data.class_data={data.class_data} with class videos yourself")
+    if init_from is None and not getattr(model, "pretrained", None):
+        raise ValueError("prior preservation draws class samples from the base model: set init_from (or "
+                         f"model.pretrained), or fill data.class_data={data.class_data} with class videos yourself")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError(f"data.class_data={data.class_data} lacks {data.missing_class_samples} class videos; draw them "
                          "in one process first (the same command without torchrun), then launch the distributed run")
     from nemo_vfm.inference.checkpoint import load_pretrained
     from nemo_vfm.inference.class_samples import write_class_samples
 
-    net = model.build()
-    load_pretrained(net, init_from)
+    net = model.build()  # a config with `pretrained` (Wan) loads its weights here
+    if init_from is not None:
+        load_pretrained(net, init_from)
     n = data.missing_class_samples
-    print(f"prior preservation: drawing {n} videos of {data.class_prompt!r} from {init_from}")
+    print(f"prior preservation: drawing {n} videos of {data.class_prompt!r} from the base model")
     write_class_samples(net, objective, data, n, sampling)
     del net
 
@@ -181,6 +182,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if init_from is not None and resume is None and not Path(init_from).exists():
         raise FileNotFoundError(f"init_from={init_from} does not exist; point it at pretrained weights")
+    if getattr(model, "pretrained", None) and not Path(model.pretrained).exists():
+        raise FileNotFoundError(f"model.pretrained={model.pretrained} does not exist; point it at the published "
+                                "weights folder (diffusers or original layout)")
     if getattr(data, "missing_class_samples", 0) and resume is None:
         _write_class_samples(model, objective, data, init_from, sampling)
     module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,

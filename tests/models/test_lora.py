@@ -139,7 +139,7 @@ def _reference(cfg, problem, steps=2):
     return res
 
 
-def _layout(rank, world, dims_kw, problem, steps=2):
+def _layout(dims_kw, world, problem, steps=2):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from nemo_vfm.parallel import equivalence as E
@@ -170,15 +170,26 @@ def _layout(rank, world, dims_kw, problem, steps=2):
         n for n, p in m.named_parameters() if not p.requires_grad and p.grad is not None]}
 
 
-@pytest.mark.parametrize("dims_kw", [dict(dp_shard=2, fsdp=True), dict(tp=2, sequence_parallel=True),
-                                     dict(tp=2)], ids=["fsdp2", "tp2_sp", "tp2"])
-def test_lora_layouts_match_one_process(dims_kw):
+LAYOUTS = {"fsdp2": dict(dp_shard=2, fsdp=True), "tp2_sp": dict(tp=2, sequence_parallel=True), "tp2": dict(tp=2)}
+
+
+def _layouts(rank, world, problem):
+    return {name: _layout(kw, world, problem) for name, kw in LAYOUTS.items()}
+
+
+def test_lora_layouts_match_one_process():
+    """FSDP2, TP2 + SP and TP2 on 2 gloo processes (one launch): adapters only, as in one process."""
     from gloo_launcher import run_distributed
 
     cfg = tiny_config()
     problem = _problem(cfg)
     ref = _reference(cfg, problem)
-    got = run_distributed(_layout, 2, dims_kw, problem)
+    results = run_distributed(_layouts, 2, problem)
+    for name in LAYOUTS:
+        _check([r[name] for r in results], ref)
+
+
+def _check(got, ref):
     r0 = got[0]
     assert not r0["frozen_grads"]
     for step in range(2):
