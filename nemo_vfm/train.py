@@ -87,9 +87,10 @@ def validate(model, data) -> None:
     shape = getattr(data, "latent_shape", None)
     if shape is not None:
         c, t, h, w = shape
-        if c != model.in_channels:
-            raise ValueError(f"the data has {c} latent channels but model.in_channels={model.in_channels}; "
-                             f"set model.in_channels={c}")
+        want = model.in_channels - getattr(model, "cond_channels", 0)  # Wan I2V: conditioning channels come apart
+        if c != want:
+            raise ValueError(f"the data has {c} latent channels but the model takes {want} "
+                             f"(model.in_channels={model.in_channels}); set model.in_channels={c}")
         pt, ph, pw = model.patch_size
         if t % pt or h % ph or w % pw:
             raise ValueError(f"latent size (T={t}, H={h}, W={w}) is not divisible by model.patch_size={model.patch_size}; "

@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from nemo_vfm.diffusion.conditioning import drop_condition
 
-COND_KEYS = ("context", "context_mask", "class_labels", "fps")
+COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents")  # last two: Wan I2V
 
 
 @dataclass(kw_only=True)

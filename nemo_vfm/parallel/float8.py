@@ -36,10 +36,10 @@ def check_float8(recipe: str | None, modules: str = "mlp", tp: int = 1) -> None:
 
 
 def _selected(fqn: str, mod: nn.Module, modules: str) -> bool:
-    """A linear inside an ``mlp`` (or, for "all", also inside any ``*attn`` module: attn, cross_attn,
+    """A linear inside an ``mlp`` / ``ffn`` (or, for "all", also inside any ``*attn`` module: attn, cross_attn,
     spatial_attn, ...); never adaLN or embedders. FP8 GEMMs need in/out features divisible by 16."""
     parents = fqn.split(".")[:-1]
-    inside = "mlp" in parents or (modules == "all" and any(p.endswith("attn") for p in parents))
+    inside = "mlp" in parents or "ffn" in parents or (modules == "all" and any(p.endswith("attn") for p in parents))
     return type(mod) is nn.Linear and inside and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
 
 

@@ -244,10 +244,10 @@ def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
     model.final_layer.register_forward_hook(lambda mod, args, out: tok.gather(out))
 
 
-def _replace_cores(blocks, pmesh: ParallelMesh, backend: str) -> None:
+def _replace_cores(blocks, pmesh: ParallelMesh, backend: str, cores: tuple[str, ...] = SELF_ATTENTION_CORES) -> None:
     d = pmesh.dims
     for block in blocks:
-        for path in SELF_ATTENTION_CORES:
+        for path in cores:
             parent_path, _, attr = path.rpartition(".")
             parent = block.get_submodule(parent_path)
             inner = getattr(parent, attr)
@@ -271,12 +271,14 @@ def parallelize_dit(
     check=check_layout,
     tp_plan: dict[str, str] = TP_PLAN,
     sp_input_arity: dict[str, int] = SP_INPUT_ARITY,
+    self_attention_cores: tuple[str, ...] = SELF_ATTENTION_CORES,
 ) -> nn.Module:
     """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
 
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
-    ``check``, ``tp_plan``, ``sp_input_arity``: the family's own (MovieGen's blocks follow the DiT layout).
+    ``check``, ``tp_plan``, ``sp_input_arity``, ``self_attention_cores``: the family's own (MovieGen's and Wan's
+    blocks follow the DiT layout).
     """
     d = pmesh.dims
     if d.pp > 1 and not blocks_only:
@@ -289,7 +291,7 @@ def parallelize_dit(
         apply_tensor_parallel(owned, pmesh.get("tp"), tp_plan, sequence_parallel=d.sequence_parallel,
                               sp_input_arity=sp_input_arity)
     if d.cp > 1:
-        _replace_cores(owned, pmesh, attention_backend)
+        _replace_cores(owned, pmesh, attention_backend, self_attention_cores)
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
     if float8:

@@ -105,6 +105,24 @@ class WanConfig:
         return model
 
 
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over a process group, differentiable (the gradient is summed too: every rank's output depends
+    on every rank's input)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        from torch.distributed import _functional_collectives as funcol
+
+        ctx.group = group
+        return funcol.wait_tensor(funcol.all_reduce(x, "sum", group))
+
+    @staticmethod
+    def backward(ctx, g):
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.wait_tensor(funcol.all_reduce(g.contiguous(), "sum", ctx.group)), None
+
+
 class WanRMSNorm(nn.Module):
     """RMSNorm over the features of all heads (Wan's ``rms_norm_across_heads``).
 
@@ -124,10 +142,9 @@ class WanRMSNorm(nn.Module):
         w = self.weight
         if self.tp_group is not None:
             import torch.distributed as dist
-            from torch.distributed.nn.functional import all_reduce
 
             size, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
-            ms = all_reduce(ms, group=self.tp_group) / size
+            ms = _AllReduceSum.apply(ms, self.tp_group) / size
             w = w.narrow(0, rank * x.shape[-1], x.shape[-1])
         return (xf * torch.rsqrt(ms + self.eps)).type_as(x) * w
 

@@ -1,0 +1,93 @@
+"""How a :class:`~nemo_vfm.models.wan.model.WanModel` is parallelised: the plan as data.
+
+Order: tensor/sequence parallel -> context parallel -> activation checkpointing -> compile -> FSDP, through
+the DiT's machinery (``nemo_vfm.models.dit.parallelize``): a Wan block takes the same token / conditioning /
+RoPE / mask arguments, its self-attention has a swappable ``core`` (replaced by the ring or all-to-all CP
+core), and the token stream is split over CP (and TP under SP) before block 0 and gathered after the head.
+Cross-attention sees all text (and image) tokens on every rank.
+
+Tensor parallel: q/k/v (and the I2V image k/v) and the first FFN linear column-wise, ``o`` and the second
+FFN linear row-wise. Wan's QK RMSNorm spans all heads, so under TP each :class:`WanRMSNorm` all-reduces its
+mean square over the TP group and uses its slice of the (replicated) weight, whose gradient is then summed
+over TP (``TP_PARTIAL``).
+
+Pipeline parallelism is not offered for Wan (14B fits one 80 GB GPU per rank with FSDP2 and CP; the
+layouts TP/SP, CP, FSDP/HSDP cover it): :func:`check_layout` refuses ``pp > 1``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nemo_vfm.models.dit.parallelize import parallelize_dit
+from nemo_vfm.models.wan.model import WanRMSNorm
+from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.mesh import ParallelMesh
+
+TP_PLAN: dict[str, str] = {
+    "self_attn": "sp_input",
+    "self_attn.q": "colwise", "self_attn.k": "colwise", "self_attn.v": "colwise", "self_attn.o": "rowwise",
+    "cross_attn": "sp_input",
+    "cross_attn.q": "colwise", "cross_attn.k": "colwise", "cross_attn.v": "colwise",
+    "cross_attn.k_img": "colwise", "cross_attn.v_img": "colwise", "cross_attn.o": "rowwise",
+    "ffn": "sp_input",
+    "ffn.0": "colwise", "ffn.2": "rowwise",
+}
+SP_INPUT_ARITY = {"self_attn": 3, "cross_attn": 3, "ffn": 1}
+SELF_ATTENTION_CORES = ("self_attn.core",)
+TP_PARTIAL = ("blocks.*.norm_q.weight", "blocks.*.norm_k.weight", "blocks.*.norm_k_img.weight")
+PP_DUPLICATED: tuple[str, ...] = ()  # no pipeline plan
+
+
+def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
+    """Fail before building anything if ``cfg`` (a WanConfig) does not fit ``dims``."""
+    if dims.pp > 1:
+        raise ValueError(f"Wan has no pipeline-parallel plan (pp={dims.pp}); use pipeline_model_parallel_size=1 with "
+                         f"FSDP2, context parallel and/or tensor parallel instead.")
+    tokens = None
+    if latent_shape is not None:
+        tokens = 1
+        for n, p in zip(latent_shape, cfg.patch_size):
+            tokens *= n // p
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=True)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def _scale_grad_hook(scale: float):
+    return lambda mod, args, out: _ScaleGrad.apply(out, scale)
+
+
+def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, **kwargs) -> nn.Module:
+    """Apply TP/SP, CP, FP8 (``ffn`` linears), activation checkpointing, compile and FSDP to ``model`` in place
+    (the keyword arguments of :func:`~nemo_vfm.models.dit.parallelize.parallelize_dit`); return it."""
+    d = pmesh.dims
+    check_layout(model.cfg, d)
+    if d.tp > 1:
+        group = pmesh.group("tp")
+        for block in model.blocks:
+            for m in block.modules():
+                if isinstance(m, WanRMSNorm):
+                    m.tp_group = group
+    if d.sequence_parallel:
+        # The text / image embedders feed the column-parallel cross-attention k/v, whose input gradient TP
+        # already sums: each TP rank holds their full gradient, which the sequence-parallel gradient sum
+        # (``sync_grads``: every non-TP-sharded parameter) would count tp times; pre-scale it by 1/tp.
+        for m in (model.text_embedding, model.img_emb):
+            if m is not None:
+                m.register_forward_hook(_scale_grad_hook(1.0 / d.tp))
+    return parallelize_dit(model, pmesh, check=check_layout, tp_plan=TP_PLAN, sp_input_arity=SP_INPUT_ARITY,
+                           self_attention_cores=SELF_ATTENTION_CORES, **kwargs)
+
+
+parallelize = parallelize_wan  # the family-generic name
