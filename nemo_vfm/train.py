@@ -120,6 +120,18 @@ def _sample_fn(data, sampling, fps):
     return fn
 
 
+def _check_pretrained(model, init_from, log) -> None:
+    """Fine-tuning starts from weights that must exist (unless the run resumes from its own checkpoint)."""
+    from nemo_vfm.lightning.checkpointing import latest_checkpoint
+
+    if init_from is not None and not Path(init_from).exists() and not (
+            log.resume and latest_checkpoint(log.dir / "checkpoints") is not None):
+        raise FileNotFoundError(f"init_from={init_from} does not exist; point it at pretrained weights")
+    if getattr(model, "pretrained", None) and not Path(model.pretrained).exists():
+        raise FileNotFoundError(f"model.pretrained={model.pretrained} does not exist; point it at the published "
+                                "weights folder (diffusers or original layout)")
+
+
 def _write_class_samples(model, objective, data, init_from, sampling) -> None:
     """DreamBooth prior preservation: the base model (``init_from``) draws the missing class videos."""
     if init_from is None and not getattr(model, "pretrained", None):
@@ -168,6 +180,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     optim = optim or OptimConfig()
     log = log or ExperimentConfig()
     sampling = sampling or SamplingConfig()
+    _check_pretrained(model, init_from, log)
     validate(model, data)
 
     exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
@@ -181,11 +194,6 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     L.seed_everything(seed, workers=True, verbose=False)
     resume = latest_checkpoint(ckpt_dir) if log.resume else None
-    if init_from is not None and resume is None and not Path(init_from).exists():
-        raise FileNotFoundError(f"init_from={init_from} does not exist; point it at pretrained weights")
-    if getattr(model, "pretrained", None) and not Path(model.pretrained).exists():
-        raise FileNotFoundError(f"model.pretrained={model.pretrained} does not exist; point it at the published "
-                                "weights folder (diffusers or original layout)")
     if getattr(data, "missing_class_samples", 0) and resume is None:
         _write_class_samples(model, objective, data, init_from, sampling)
     module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,

@@ -10,6 +10,7 @@ import nemo_run as run
 import pytest
 
 import nemo_vfm_recipes.finetune as ft
+from nemo_vfm.data.synthetic import MockLatentDataModule
 from nemo_vfm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +66,7 @@ def test_missing_pretrained_fails_before_building(tmp_path):
     recipe.model.pretrained = str(tmp_path / "nowhere")
     recipe.log.root = str(tmp_path)
     recipe.trainer.strategy = "auto"
+    recipe.data = run.Config(MockLatentDataModule, latent_channels=16, context_dim=4096, context_length=8)
     with pytest.raises(FileNotFoundError, match="model.pretrained"):
         fdl.build(recipe)()
     recipe = ft.dreambooth()
