@@ -6,9 +6,13 @@
     torchrun --nproc-per-node 4 -m nemo_vfm.cli.main generate --ckpt run/checkpoints --prompts p.txt --cp 4
     torchrun --nproc-per-node 4 -m nemo_vfm.cli.main generate --ckpt dit.safetensors --prompt "..." --cfg-parallel
     vfm generate --ckpt run/checkpoints/step=00001000.ckpt --export-safetensors dit.safetensors
+    # a published Wan 2.1 diffusers pipeline folder; I2V folders take --image
+    vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "a fox in the snow" --steps 50 --guidance 5
+    vfm generate --ckpt /models/Wan2.1-I2V-14B-480P-Diffusers --image first.png --prompt "..."
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -41,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                               "ranks (0: the tokenizer as configured)")
     p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
     p.add_argument("--upscale", type=int, default=0, help="nearest-neighbour upscaling of the output (0: auto)")
+    p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
+                                                                   "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
+    p.add_argument("--image", help="image-to-video (Wan I2V folders): the first frame")
     p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
                                                                 "(weights + config) and exit")
 
@@ -91,9 +98,21 @@ def _run(args) -> int:
     prompts = _prompts(args)
     info = read_checkpoint_info(args.ckpt)
     gen = info.generation
+    if info.kind == "wan":
+        from nemo_vfm.inference.wan import check_generation_parts
+
+        check_generation_parts(info)
+    i2v = getattr(info.model_config, "is_i2v", False)
+    if i2v != bool(args.image):
+        raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if i2v else
+                         "--image is for image-to-video models (Wan I2V folders); drop it")
     if not gen:
         raise ValueError(f"{args.ckpt} does not record its tokenizer and text encoder (trained on mock latents?); "
                          "nothing to decode with")
+    if args.flow_shift is not None:
+        if not hasattr(info.objective, "shift"):
+            raise ValueError("--flow-shift applies to flow-matching checkpoints; drop it")
+        info.objective = dataclasses.replace(info.objective, shift=args.flow_shift)
     sampler = args.sampler or default_sampler(info.objective)
     check_sampler(info.objective, sampler)
     cfg = SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)
@@ -127,7 +146,13 @@ def _run(args) -> int:
         written, totals = [], {}
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
-            videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True)
+            extra = None
+            if i2v:
+                from nemo_vfm.inference.wan import image_conditions
+
+                extra = image_conditions(info, engine.tokenizer, args.image, len(batch), frames, height, width, device)
+            videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True,
+                                            extra_cond=extra)
             for k, v in times.items():
                 totals[k] = totals.get(k, 0.0) + v
             if rank == 0:

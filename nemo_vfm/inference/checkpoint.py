@@ -7,6 +7,7 @@ Three kinds of checkpoint, all usable under any generation layout (one GPU, CP, 
 | ``file`` | one ``step=N.ckpt`` file (Lightning) | single-device training |
 | ``dcp`` | a sharded ``step=N.ckpt/`` folder (DCP, ``.metadata`` + ``meta.pt``) | ``VFMParallelStrategy`` |
 | ``safetensors`` | one consolidated ``.safetensors`` file with the config in its header | :func:`export_safetensors` |
+| ``wan`` | a published Wan 2.1 folder (diffusers / original layout, or a pipeline folder) | ``nemo_vfm.inference.wan`` |
 
 :func:`read_checkpoint_info` reads the model config, objective and generation settings (cheap for
 ``dcp`` and ``safetensors``); :func:`load_weights` fills a network that may already be parallelised
@@ -114,7 +115,14 @@ def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> Che
 
 
 def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
-    """Model config, objective, generation settings and step of a checkpoint (see the module docstring)."""
+    """Model config, objective, generation settings and step of a checkpoint (see the module docstring);
+    a published Wan 2.1 folder (diffusers or original layout, or a pipeline folder) reads as kind ``wan``."""
+    from nemo_vfm.models.wan.convert import is_wan_folder
+
+    if Path(path).is_dir() and is_wan_folder(path):
+        from nemo_vfm.inference.wan import wan_checkpoint_info
+
+        return wan_checkpoint_info(path)
     path = resolve_checkpoint(path)
     if path.is_dir():
         meta = path / "meta.pt"
@@ -211,6 +219,10 @@ def _copy_full(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
 
 def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
     """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict)."""
+    if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
+        from nemo_vfm.models.wan.convert import load_weights as load_wan
+
+        return load_wan(net, info.path)
     own = net.state_dict()
     if info.kind == "dcp":
         import torch.distributed as dist

@@ -148,10 +148,12 @@ class InferenceEngine:
 
         from nemo_vfm.diffusion.conditioning import null_condition
 
+        negative = self.generation.get("negative_prompt")  # Wan: CFG against an encoded negative prompt
         if self.rank == 0:
             if self.text_encoder is None:
                 raise ValueError("this engine has no text encoder; pass text_encoder= (rank 0) to encode prompts")
-            emb, mask = self.text_encoder.encode(list(prompts))
+            emb, mask = self.text_encoder.encode(list(prompts) + ([negative] * len(prompts) if negative is not None
+                                                                  else []))
             emb, mask = emb.float().to(self.device), mask.to(self.device)
         if self.distributed:
             shape = [tuple(emb.shape) if self.rank == 0 else None]
@@ -163,9 +165,12 @@ class InferenceEngine:
             dist.broadcast(emb, src=0)
             dist.broadcast(m8, src=0)
             mask = m8.bool()
-        cond = {"context": emb, "context_mask": mask}
+        n = len(prompts)
+        cond = {"context": emb[:n], "context_mask": mask[:n]}
         if fps is not None:
-            cond["fps"] = torch.full((len(prompts),), float(fps), device=self.device)
+            cond["fps"] = torch.full((n,), float(fps), device=self.device)
+        if negative is not None:
+            return cond, {**cond, "context": emb[n:], "context_mask": mask[n:]}
         return cond, null_condition(cond)
 
     @torch.no_grad()
@@ -196,9 +201,12 @@ class InferenceEngine:
         return None if out is None else out.cpu()
 
     def generate(self, prompts: list[str], latent_shape=None, sampling=None, fps: float | None = None,
-                 progress: bool = False, decode: bool = True) -> tuple[torch.Tensor | None, dict]:
+                 progress: bool = False, decode: bool = True,
+                 extra_cond: dict | None = None) -> tuple[torch.Tensor | None, dict]:
         """Prompts -> videos ``(N, 3, T, H, W)`` on rank 0 (latents ``(N, C, t, h, w)`` with ``decode=False``;
-        ``None`` on other ranks when decoding) and per-stage seconds ``{text_encode_s, denoise_s, decode_s}``."""
+        ``None`` on other ranks when decoding) and per-stage seconds ``{text_encode_s, denoise_s, decode_s}``.
+        ``extra_cond``: further network inputs for both CFG passes (Wan I2V: ``image_embeds``, ``cond_latents``),
+        the same on every rank."""
         from nemo_vfm.inference.generate import SamplingConfig
 
         sampling = sampling or SamplingConfig()
@@ -207,6 +215,9 @@ class InferenceEngine:
         times = {}
         t0 = time.perf_counter()
         cond, uncond = self.encode_text(prompts, fps)
+        if extra_cond:
+            extra = {k: v.to(self.device) for k, v in extra_cond.items()}
+            cond, uncond = {**cond, **extra}, {**uncond, **extra}
         self._sync()
         times["text_encode_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

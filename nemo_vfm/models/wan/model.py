@@ -147,6 +147,16 @@ class WanRMSNorm(nn.Module):
         return (xf * torch.rsqrt(ms + self.eps)).type_as(x) * w
 
 
+class WanLayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 (weights too), returned in the input's dtype, as Wan and diffusers do; works with
+    bf16 parameters (FSDP mixed precision) and an fp32 input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = None if self.weight is None else self.weight.float()
+        b = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
 def _heads(x_BSD: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x_BSD.unflatten(-1, (-1, head_dim)).transpose(1, 2)  # (B, Hn, S, Dh); Hn local under TP
 
@@ -202,7 +212,7 @@ class WanBlock(nn.Module):
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.norm1 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
         self.self_attn = WanSelfAttention(d, cfg.num_heads, cfg.qk_norm, eps)
-        self.norm3 = nn.LayerNorm(d, eps=eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
+        self.norm3 = WanLayerNorm(d, eps=eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
         self.cross_attn = WanCrossAttention(d, cfg.num_heads, cfg.qk_norm, eps, image=cfg.is_i2v)
         self.norm2 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_size), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_size, d))
@@ -238,8 +248,8 @@ class WanImageEmbedding(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
-        self.proj = nn.Sequential(nn.LayerNorm(in_dim), nn.Linear(in_dim, in_dim), nn.GELU(), nn.Linear(in_dim, out_dim),
-                                  nn.LayerNorm(out_dim))
+        self.proj = nn.Sequential(WanLayerNorm(in_dim), nn.Linear(in_dim, in_dim), nn.GELU(), nn.Linear(in_dim, out_dim),
+                                  WanLayerNorm(out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)

@@ -1,0 +1,239 @@
+"""Wan 2.1 step time against diffusers' ``WanTransformer3DModel`` on the same GPU, random weights, bf16.
+
+    # full fine-tune step of Wan-1.3B at 480p x 81 frames (latent 21x60x104 = 32,760 tokens), and diffusers'
+    python bench/wan_step.py --mode full --out bench/results/wan_1_3b_full_h100.json
+    # the denoising step of vfm generate (CFG: conditional + unconditional) against diffusers' two transformer calls
+    python bench/wan_step.py --mode infer --out bench/results/wan_1_3b_infer_h100.json
+    # CPU smoke run (what the tests do)
+    python bench/wan_step.py --device cpu --tiny --mode full
+
+Modes (``MODES``; one function per mode returns ``{case: step closure}`` for ours and diffusers'):
+
+* ``full``: flow-matching loss (Wan's objective), forward, backward and AdamW over all parameters (bf16 weights,
+  fp32 master weights, fused AdamW) for both. Ours: blocks compiled (``nemo_vfm.parallel.compile``) with
+  activation checkpointing ``--ac`` (default full: at 32,760 tokens the un-checkpointed activations of 30 blocks
+  exceed 80 GB); diffusers: ``enable_gradient_checkpointing()``, its usual training setting.
+* ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network,
+  conditional and unconditional in one batch of 2; ``--compile`` to also compile the blocks) against
+  diffusers' ``WanPipeline`` step (two transformer calls of batch 1), no autograd.
+
+Writes JSON: device, date, commit, per case ms/step (median), peak memory, and ours/diffusers' speed ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from train_throughput import MasterWeights, environment, set_sdpa_backend, time_steps  # noqa: E402
+
+LATENT = (21, 60, 104)  # 480x832 px, 81 frames through the Wan VAE (4x temporal, 8x spatial)
+TINY_LATENT = (2, 4, 4)
+
+
+def wan_config(tiny: bool):
+    from nemo_vfm.models.wan.flavors import wan_config as flavor
+
+    return flavor("tiny") if tiny else flavor("t2v_1_3b")
+
+
+def make_inputs(cfg, latent, batch: int, device, dtype, seed: int = 0) -> dict:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x0 = torch.randn(batch, cfg.out_channels, *latent, generator=g).to(device, dtype)
+    ctx = torch.randn(batch, cfg.text_len, cfg.context_dim, generator=g).to(device, dtype)
+    neg = torch.randn(batch, cfg.text_len, cfg.context_dim, generator=g).to(device, dtype)
+    return {"x0": x0, "context": ctx, "negative": neg}
+
+
+def _diffusers_model(cfg, device, dtype):
+    from diffusers import WanTransformer3DModel
+
+    from nemo_vfm.models.wan.convert import config_to_diffusers
+
+    torch.manual_seed(0)
+    return WanTransformer3DModel(**config_to_diffusers(cfg)).to(device, dtype)
+
+
+def _ours(cfg, device, dtype):
+    torch.manual_seed(0)
+    return cfg.build(device=device).to(dtype)
+
+
+def _adamw(device):
+    return lambda ps: torch.optim.AdamW(ps, lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
+
+
+# -- modes ---------------------------------------------------------------------------------------------
+def full_cases(a, cfg, device) -> dict:
+    """Full fine-tune steps: {"ours": step, "diffusers": step}."""
+    from nemo_vfm.models.wan.flavors import wan_objective
+    from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
+    from nemo_vfm.parallel.compile import compile_blocks
+
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    objective = wan_objective("t2v_1_3b")
+    inp = make_inputs(cfg, a.latent, a.batch, device, dtype)
+
+    def ours():
+        model = _ours(cfg, device, torch.float32).train()
+        apply_activation_checkpointing(model.blocks, a.ac, a.ac_every)
+        if a.compile:
+            compile_blocks(model.blocks)
+        opt = MasterWeights([p for p in model.parameters()], _adamw(device)) if dtype == torch.bfloat16 else None
+        plain = torch.optim.AdamW(model.parameters(), lr=1e-5) if opt is None else None
+        cond = {"context": inp["context"]}
+
+        def step():
+            loss, _ = objective.training_loss(model, inp["x0"], cond)
+            loss.backward()
+            (opt or plain).step()
+            (opt or plain).zero_grad()
+            return loss
+
+        return step
+
+    def theirs():
+        model = _diffusers_model(cfg, device, torch.float32).train()
+        model.enable_gradient_checkpointing()
+        opt = MasterWeights([p for p in model.parameters()], _adamw(device)) if dtype == torch.bfloat16 else None
+        plain = torch.optim.AdamW(model.parameters(), lr=1e-5) if opt is None else None
+
+        def net(x, t, context):
+            return model(x, t * 1000, context, return_dict=False)[0]
+
+        def step():
+            loss, _ = objective.training_loss(net, inp["x0"], {"context": inp["context"]})
+            loss.backward()
+            (opt or plain).step()
+            (opt or plain).zero_grad()
+            return loss
+
+        return step
+
+    return {"ours": ours, "diffusers": theirs}
+
+
+def infer_cases(a, cfg, device) -> dict:
+    """One CFG denoising step: {"ours": step, "diffusers": step}."""
+    from nemo_vfm.inference.cp_engine import InferenceEngine
+    from nemo_vfm.inference.sampling import guided_predictor, predictor
+    from nemo_vfm.models.wan.flavors import wan_objective
+    from nemo_vfm.parallel.compile import compile_blocks
+
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    objective = wan_objective("t2v_1_3b")
+    inp = make_inputs(cfg, a.latent, a.batch, device, dtype)
+    t = torch.full((a.batch,), 0.7, device=device)
+    guidance = 5.0
+
+    def ours():
+        engine = InferenceEngine.from_model(_ours(cfg, device, dtype), objective, device=device, dtype=a.precision)
+        if a.compile:
+            compile_blocks(engine.net.blocks)
+        cond = {"context": inp["context"]}
+        uncond = {"context": inp["negative"]}
+        g = guided_predictor(predictor(objective, engine.net, dtype), cond, uncond, guidance)
+
+        @torch.no_grad()
+        def step():
+            return g(inp["x0"], t).float().mean()  # a scalar for the harness (read after the timing)
+
+        return step
+
+    def theirs():
+        model = _diffusers_model(cfg, device, dtype).eval()
+
+        @torch.no_grad()
+        def step():  # WanPipeline: two calls, then the guidance combination
+            pc = model(inp["x0"], t * 1000, inp["context"], return_dict=False)[0]
+            pu = model(inp["x0"], t * 1000, inp["negative"], return_dict=False)[0]
+            return (pu + guidance * (pc - pu)).float().mean()
+
+        return step
+
+    return {"ours": ours, "diffusers": theirs}
+
+
+MODES = {"full": full_cases, "infer": infer_cases}  # the LoRA variant adds "lora": lora_cases
+
+
+def run(a, device) -> dict:
+    cfg = wan_config(a.tiny)
+    cases = MODES[a.mode](a, cfg, device)
+    out = {}
+    for name in a.cases:
+        step = cases[name]()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        times, losses = time_steps(step, a.steps, a.warmup, device)
+        vals = [v for v in losses if v == v]
+        out[name] = {"ms": 1e3 * statistics.median(times), "ms_all": [1e3 * x for x in times],
+                     "peak_mem_gib": (torch.cuda.max_memory_allocated() / 2**30) if device.type == "cuda" else None}
+        if a.mode != "infer" and (len(vals) != len(losses) or not all(abs(v) < 1e6 for v in vals)):
+            raise RuntimeError(f"{name}: non-finite loss {losses}")
+        del step
+    if "ours" in out and "diffusers" in out:
+        out["ratio"] = out["diffusers"]["ms"] / out["ours"]["ms"]  # > 1: ours is faster
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", default="full", choices=sorted(MODES))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="a tiny Wan and latent (CPU smoke run)")
+    p.add_argument("--latent", default=None, help="T,H,W of the latent (default 21,60,104; --tiny: 2,4,4)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile our blocks (default: on for full, off for infer as vfm generate runs)")
+    p.add_argument("--ac", default="full", help="our activation checkpointing in full mode (none, full, selective, "
+                                                "selective_op)")
+    p.add_argument("--ac-every", type=int, default=2)
+    p.add_argument("--sdpa", default="cudnn", help="SDPA backend for both (auto, cudnn, flash, efficient, math)")
+    p.add_argument("--cases", default="ours,diffusers", help="which to run (comma list)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--commit")
+    p.add_argument("--out", help="write the JSON here")
+    a = p.parse_args(argv)
+    a.latent = tuple(int(v) for v in a.latent.replace("x", ",").split(",")) if a.latent else (
+        TINY_LATENT if a.tiny else LATENT)
+    a.cases = [c for c in a.cases.split(",") if c]
+    if a.compile is None:
+        a.compile = a.mode != "infer" and not (a.tiny and a.device == "cpu")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    device = torch.device(a.device)
+    if device.type == "cuda":
+        set_sdpa_backend(a.sdpa)
+    cfg = wan_config(a.tiny)
+    tokens = 1
+    for n, pt in zip(a.latent, cfg.patch_size):
+        tokens *= n // pt
+    result = {**environment(device, a.commit), "mode": a.mode, "model": "tiny" if a.tiny else "t2v_1_3b",
+              "latent": list(a.latent), "tokens": tokens, "batch": a.batch, "precision": a.precision,
+              "compile": a.compile, "ac": a.ac if a.mode == "full" else None, "sdpa": a.sdpa,
+              "results": run(a, device)}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``vfm generate --ckpt WAN_PIPELINE_FOLDER``: text-to-video and image-to-video from tiny random Wan pipeline
+folders (transformer/, vae/, text_encoder/, tokenizer/, image_encoder/, image_processor/) written here;
+Wan's negative-prompt CFG, and the I2V conditioning equal to diffusers' WanImageToVideoPipeline."""
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_vfm.cli.main import main
+from nemo_vfm.io.video import read_video
+
+diffusers = pytest.importorskip("diffusers")
+transformers = pytest.importorskip("transformers")
+
+WORDS = "a red green blue circle square moving left right on background black"
+
+
+def _tokenizer(folder):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tk.normalizer, tk.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.Whitespace()
+    tk.train_from_iterator([WORDS], trainers.WordLevelTrainer(special_tokens=["<pad>", "</s>", "<unk>"]))
+    tk.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(str(folder))
+
+
+def _pipeline(root, i2v: bool):
+    from nemo_vfm.models.wan.convert import save_weights
+    from nemo_vfm.models.wan.model import WanConfig
+
+    torch.manual_seed(0)
+    cfg = WanConfig(num_layers=2, hidden_size=24, num_heads=2, ffn_size=32, in_channels=4 + (8 if i2v else 0),
+                    out_channels=4, context_dim=16, freq_dim=16, image_dim=32 if i2v else None)
+    net = cfg.build()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    save_weights(net.state_dict(), root / "transformer", cfg, layout="diffusers")
+    diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                               temperal_downsample=[False, True, True], latents_mean=[0.1, 0.2, 0.3, 0.4],
+                               latents_std=[2.0, 2.0, 3.0, 3.0]).save_pretrained(str(root / "vae"))
+    transformers.UMT5EncoderModel(transformers.UMT5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                                          num_heads=4)).save_pretrained(str(root / "text_encoder"))
+    _tokenizer(root / "tokenizer")
+    if i2v:
+        transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
+            hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+            patch_size=16)).save_pretrained(str(root / "image_encoder"))
+        transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+                                        ).save_pretrained(str(root / "image_processor"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def t2v(tmp_path_factory):
+    return _pipeline(tmp_path_factory.mktemp("wan_t2v"), False)
+
+
+@pytest.fixture(scope="module")
+def i2v(tmp_path_factory):
+    root = _pipeline(tmp_path_factory.mktemp("wan_i2v"), True)
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(root / "first.png")
+    return root
+
+
+SIZE = ["--frames", "5", "--height", "32", "--width", "32", "--device", "cpu", "--steps", "2"]
+
+
+def test_text_to_video_from_a_pipeline_folder(t2v, tmp_path, capsys):
+    rc = main(["generate", "--ckpt", str(t2v), "--prompt", "a red circle moving left", "--out", str(tmp_path),
+               "--flow-shift", "3", *SIZE])
+    assert rc == 0, capsys.readouterr().err
+    frames, fps = read_video(tmp_path / "batch000.mp4")
+    assert frames.shape[0] == 5 and fps == 16.0
+    # an I2V-only option is refused with a message
+    assert main(["generate", "--ckpt", str(t2v), "--prompt", "x", "--image", "y.png", *SIZE]) == 2
+    assert "--image is for image-to-video" in capsys.readouterr().err
+
+
+def test_transformer_only_folder_names_what_is_missing(t2v, capsys):
+    assert main(["generate", "--ckpt", str(t2v / "transformer"), "--prompt", "x", *SIZE]) == 2
+    assert "without vae/" in capsys.readouterr().err
+
+
+def test_cfg_contrasts_the_encoded_negative_prompt(t2v):
+    from nemo_vfm.inference.checkpoint import read_checkpoint_info
+    from nemo_vfm.inference.cp_engine import InferenceEngine
+
+    info = read_checkpoint_info(t2v)
+    assert info.kind == "wan" and info.objective.shift == 5.0 and info.generation["negative_prompt"] == ""
+    engine = InferenceEngine.from_checkpoint(info, device="cpu", dtype="fp32")
+    cond, uncond = engine.encode_text(["a red circle", "a blue square"])
+    emb, mask = engine.text_encoder.encode(["", ""])
+    assert torch.equal(uncond["context"], emb) and torch.equal(uncond["context_mask"], mask)
+    assert not torch.equal(cond["context"], emb)
+    # the engine's network is the folder's transformer
+    from nemo_vfm.models.wan.convert import load_pretrained
+
+    ref = load_pretrained(t2v)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(engine.net.state_dict()[k], v), k
+
+
+def test_image_to_video_and_its_conditioning_match_diffusers(i2v, tmp_path, capsys):
+    rc = main(["generate", "--ckpt", str(i2v), "--prompt", "a red circle", "--image", str(i2v / "first.png"),
+               "--out", str(tmp_path), *SIZE])
+    assert rc == 0, capsys.readouterr().err
+    frames, _ = read_video(tmp_path / "batch000.mp4")
+    assert frames.shape[0] == 5
+    assert main(["generate", "--ckpt", str(i2v), "--prompt", "x", *SIZE]) == 2
+    assert "pass --image" in capsys.readouterr().err
+
+    from nemo_vfm.inference.checkpoint import read_checkpoint_info
+    from nemo_vfm.inference.wan import image_conditions, load_image
+    from nemo_vfm.tokenizers.registry import build_tokenizer
+
+    info = read_checkpoint_info(i2v)
+    tok = build_tokenizer("wan", path=str(i2v))
+    ours = image_conditions(info, tok, i2v / "first.png", 1, 5, 32, 32)
+    pipe = diffusers.WanImageToVideoPipeline(
+        tokenizer=transformers.AutoTokenizer.from_pretrained(str(i2v / "tokenizer")),
+        text_encoder=transformers.UMT5EncoderModel.from_pretrained(str(i2v / "text_encoder")),
+        vae=diffusers.AutoencoderKLWan.from_pretrained(str(i2v / "vae")),
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
+        image_processor=transformers.CLIPImageProcessor.from_pretrained(str(i2v / "image_processor")),
+        image_encoder=transformers.CLIPVisionModel.from_pretrained(str(i2v / "image_encoder")),
+        transformer=diffusers.WanTransformer3DModel.from_pretrained(str(i2v / "transformer")))
+    img = load_image(i2v / "first.png", 32, 32)
+    _, condition = pipe.prepare_latents(img[None], 1, 4, 32, 32, 5, torch.float32, "cpu",
+                                        torch.Generator().manual_seed(0))
+    assert ours["cond_latents"].shape == condition.shape == (1, 8, 2, 4, 4)
+    torch.testing.assert_close(ours["cond_latents"], condition, atol=1e-5, rtol=1e-5)
+    pixels = ((img + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    torch.testing.assert_close(ours["image_embeds"], pipe.encode_image(pixels, "cpu"), atol=1e-5, rtol=1e-5)
