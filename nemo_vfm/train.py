@@ -105,9 +105,14 @@ def validate(model, data) -> None:
 
 
 def _sample_fn(data, sampling, fps):
-    """Preview sampler for SampleVideos: the first captions of the dataset, decoded by its tokenizer."""
+    """Preview sampler for SampleVideos: the first captions of the dataset, decoded by its tokenizer. When
+    the captions are synthetic-shapes captions, the videos are scored against them
+    (:mod:`nemo_vfm.evaluation.shapes`): the per-video table goes to ``stem.json``, the rates to the logs."""
 
     def fn(module, stem):
+        import json
+
+        from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
         from nemo_vfm.inference.generate import generate_videos, write_videos
 
         tokenizer, text_encoder = data.build_encoders()
@@ -115,7 +120,12 @@ def _sample_fn(data, sampling, fps):
         videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
                                     data.latent_shape, sampling, device=module.device, fps=fps)
         upscale = max(1, 128 // max(videos.shape[-2:]))
-        return write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
+        files = write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
+        if not prompts or not all(is_shapes_caption(p) for p in prompts):
+            return files
+        report = score_videos(videos, prompts)
+        Path(stem).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        return files + [Path(stem).with_suffix(".json")], metric_logs(report)
 
     return fn
 
@@ -241,7 +251,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     loss = pl_trainer.callback_metrics.get("train/loss")
     summary = {"exp_dir": str(exp_dir), "checkpoint": str(last), "step": pl_trainer.global_step,
                "loss": float(loss) if loss is not None else None,
-               "samples": [str(p) for p in (samples.written if samples else [])]}
+               "samples": [str(p) for p in (samples.written if samples else [])],
+               "sample_metrics": samples.metrics.get(pl_trainer.global_step, {}) if samples else {}}
     if rank == 0:
-        print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items() if k != "samples"))
+        print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items()
+                                               if k not in ("samples", "sample_metrics")))
     return summary
