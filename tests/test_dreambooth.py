@@ -2,8 +2,9 @@
 instance prompt, prior preservation from class samples that the base model draws; after fine-tuning, the
 instance prompt's samples show a red object on a dark background, the base model's do not.
 
-Measured with a colour check (share of pixels near the subject's red, brightness of the rest): the
-shapes sample-quality metric (``nemo_vfm.evaluation``) is being written on another branch.
+Measured with the shapes sample-quality metric (``nemo_vfm.evaluation.shapes``, scoring the samples against
+the subject's description "a red square moving right on a black background") and a plain colour check
+(share of pixels near the subject's red, brightness of the rest).
 """
 
 import numpy as np
@@ -111,3 +112,11 @@ def test_dreambooth_quickstart_learns_the_subject(tmp_path):
     # the subject: a red square covers ~9% of each frame in the instance clips
     assert share_after > 0.03 and share_after > 5 * share_before, (share_after, share_before)
     assert rest_after < 60, rest_after  # on a dark background
+
+    from nemo_vfm.evaluation.shapes import format_table, score_videos
+
+    subject = ["a red square moving right on a black background"] * 4
+    after, before = score_videos(after_v, subject), score_videos(before_v, subject)
+    print("after fine-tuning:\n" + format_table(after) + "\nbase model:\n" + format_table(before))
+    for k in ("background", "object_colour"):
+        assert after["rates"][k] >= 0.5 and after["rates"][k] > before["rates"][k], (k, after["rates"], before["rates"])
