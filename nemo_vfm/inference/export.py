@@ -21,7 +21,12 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.inference.checkpoint import family_convert, full_state_dict, raw_state_dict, read_checkpoint_info
+from nemo_vfm.inference.checkpoint import (
+    family_convert,
+    full_state_dict,
+    raw_state_dict,
+    read_checkpoint_info,
+)
 
 FORMATS = ("lora", "diffusers", "original", "safetensors")
 

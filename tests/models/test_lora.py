@@ -28,7 +28,8 @@ def _inputs(cfg, seed=0):
     return x, t, ctx
 
 
-def _lora_model(cfg, lora=LoRAConfig(rank=4, alpha=8.0), seed=0):
+def _lora_model(cfg, lora=None, seed=0):
+    lora = lora or LoRAConfig(rank=4, alpha=8.0)
     torch.manual_seed(seed)
     m = cfg.build()
     with torch.no_grad():
