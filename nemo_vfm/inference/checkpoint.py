@@ -224,7 +224,7 @@ def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tru
 
         return load_wan(net, info.path)
     own = net.state_dict()
-    if info.kind == "dcp":
+    if info.kind == "dcp" and info.lora is None:  # a LoRA run's adapters are merged on the full tensors (below)
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
@@ -262,14 +262,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_em
     if getattr(cfg, "pretrained", None):  # the checkpoint holds every weight: do not read the base model again
         cfg = dataclasses.replace(cfg, pretrained=None)
     net = cfg.build()
-    if info.kind == "dcp" and info.lora is not None:  # DCP reads by this model's keys: adapt, load, then merge
-        from nemo_vfm.models.common.lora import apply_lora, merge_lora
-
-        apply_lora(net, info.lora)
-        load_weights(net, info, use_ema)
-        merge_lora(net)
-    else:
-        load_weights(net, info, use_ema)
+    load_weights(net, info, use_ema)
     return LoadedModel(net.to(device).eval(), info.objective, info.model_config, info.generation, info.step)
 
 
@@ -314,11 +307,7 @@ def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
         with safe_open(str(path), "pt") as f:
             ours = META_KEY in (f.metadata() or {})
     if ours:
-        info = read_checkpoint_info(path)
-        if info.kind == "dcp" and info.lora is not None:
-            raise ValueError(f"{path} is a sharded LoRA run; export it first (vfm export --ckpt {path} --format "
-                             "safetensors) and start from the export")
-        load_weights(net, info)
+        load_weights(net, read_checkpoint_info(path))
         return
     convert = family_convert(net)
     if convert is None or not hasattr(convert, "load_weights"):
