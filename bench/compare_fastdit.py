@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flops import dit_forward_flops, peak_tflops  # noqa: E402
 from train_throughput import BenchSettings, environment, run_case, set_sdpa_backend, time_steps, write_json  # noqa: E402
+
+from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
 
 
 def load_fastdit(path: Path):

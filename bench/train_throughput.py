@@ -9,7 +9,7 @@
     python bench/train_throughput.py --device cpu --tiny
 
 A step is what training does: diffusion loss (flow matching by default) forward, backward, AdamW
-(fused) and an EMA update. FLOPs come from ``bench/flops.py`` (matmuls + attention, 3x forward,
+(fused) and an EMA update. FLOPs come from ``nemo_vfm/models/flops.py`` (matmuls + attention, 3x forward,
 recomputation not counted); MFU is against the dense bf16 peak (989 TFLOP/s on H100/H200).
 Speed knobs: ``--precision`` (``fp32``; ``amp`` = fp32 weights + bf16 autocast; ``bf16`` = bf16
 weights and activations with fp32 master weights in the optimizer), ``--compile`` (per block, via
@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flops import dit_forward_flops, peak_tflops  # noqa: E402
+from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
 
 PRECISIONS = ("fp32", "amp", "bf16")
 SDPA = ("auto", "cudnn", "flash", "efficient", "math")

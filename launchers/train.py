@@ -11,21 +11,28 @@ factory, a bad override such as ``model.bogus=1``) exit non-zero. Add ``-v`` for
 
 import sys
 
+RECIPE_MODULES = ("nemo_vfm_recipes.dit", "nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
+                  "nemo_vfm_recipes.moviegen", "nemo_vfm_recipes.upstream", "nemo_vfm_recipes.moe",
+                  "nemo_vfm_recipes.finetune")
 
-def main(argv: list[str]) -> int:
+
+def register_recipes() -> None:
+    """Import the recipe modules (registering their factories and fiddlers); optional ones may be absent."""
     import executors  # noqa: F401  (launchers/executors.py: run.executor=local|slurm|kubernetes)
 
-    import nemo_vfm_recipes.dit  # noqa: F401  (registers the factories)
+    for name in RECIPE_MODULES:
+        try:
+            __import__(name)
+        except ModuleNotFoundError as e:
+            if e.name != name or name == "nemo_vfm_recipes.dit":
+                raise
+
+
+def main(argv: list[str]) -> int:
     from nemo_vfm.train import train
     from nemo_vfm_recipes.cli import run_cli
 
-    for optional in ("nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
-                     "nemo_vfm_recipes.moviegen", "nemo_vfm_recipes.finetune"):  # extra fiddlers and model families, when installed
-        try:
-            __import__(optional)
-        except ModuleNotFoundError as e:
-            if e.name != optional:
-                raise
+    register_recipes()
     return run_cli(train, argv, "launchers/train.py")
 
 

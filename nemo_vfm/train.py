@@ -10,6 +10,7 @@ last complete checkpoint when one exists, trains, and writes preview samples.
         checkpoints/         step=N.ckpt (written atomically; the highest complete one is resumed)
         tb/                  TensorBoard logs
         metrics.jsonl        per-step training metrics; loss_curve.png at the end
+        perf.jsonl           throughput per log step (samples/s, tokens/s, TFLOP/s, MFU, peak memory)
         samples/             step=N.mp4 / .gif / .txt previews
 """
 
@@ -130,13 +131,30 @@ def _sample_fn(data, sampling, fps):
     return fn
 
 
-def _check_pretrained(model, init_from, log) -> None:
-    """Fine-tuning starts from weights that must exist (unless the run resumes from its own checkpoint)."""
-    from nemo_vfm.lightning.checkpointing import latest_checkpoint
+class InitFrom(lightning.Callback):
+    """Start from another run's weights (the previous stage of a staged recipe): model and EMA, loaded into the
+    parallelised network before the first step; optimizer state, step and schedule start fresh."""
 
-    if init_from is not None and not Path(init_from).exists() and not (
-            log.resume and latest_checkpoint(log.dir / "checkpoints") is not None):
-        raise FileNotFoundError(f"init_from={init_from} does not exist; point it at pretrained weights")
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_fit_start(self, trainer, pl_module):
+        from nemo_vfm.inference.checkpoint import load_weights, read_checkpoint_info
+        from nemo_vfm.parallel.pipeline import StageList
+
+        if isinstance(pl_module.model, StageList):
+            raise NotImplementedError("init_from under pipeline parallelism is not supported; initialise without PP "
+                                      "and resume that run's checkpoint with PP (checkpoints move between layouts).")
+        info = read_checkpoint_info(self.path)
+        load_weights(pl_module.model, info, use_ema=False)
+        if pl_module.ema is not None:
+            load_weights(pl_module.ema, info, use_ema=True)
+        if trainer.global_rank == 0:
+            print(f"initialised from {info.path} (step {info.step})")
+
+
+def _check_pretrained(model) -> None:
+    """Fine-tuning from published weights: the folder must exist."""
     if getattr(model, "pretrained", None) and not Path(model.pretrained).exists():
         raise FileNotFoundError(f"model.pretrained={model.pretrained} does not exist; point it at the published "
                                 "weights folder (diffusers or original layout)")
@@ -167,10 +185,11 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
           cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
     """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).
 
-    Fine-tuning: ``init_from`` (a checkpoint, experiment folder, safetensors export or a published weights
-    folder the family converts) initialises the network before training; a run that resumes from its own
-    checkpoint skips it. ``lora`` (a ``LoRAConfig``) adds adapters after that and trains only them.
-
+    ``init_from``: a checkpoint (file, DCP folder, or experiment folder: its newest) whose weights this run starts
+    from, as the staged recipes do with the previous stage's run and fine-tuning does with a base model; ignored
+    when this run resumes its own checkpoint. Published weights (a Wan folder) load through the model config
+    (``model.pretrained``). ``lora`` (a ``LoRAConfig``): adapters added to the network before it is parallelised;
+    only they train (the base weights come from ``init_from`` / ``model.pretrained``).
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
     """
@@ -181,7 +200,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
-    from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, ThroughputLogger
+    from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, StepProgressBar, ThroughputLogger
     from nemo_vfm.lightning.checkpointing import AtomicCheckpointIO, latest_checkpoint
     from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
 
@@ -190,8 +209,16 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     optim = optim or OptimConfig()
     log = log or ExperimentConfig()
     sampling = sampling or SamplingConfig()
-    _check_pretrained(model, init_from, log)
+    _check_pretrained(model)
     validate(model, data)
+    if init_from is not None:
+        from nemo_vfm.inference.checkpoint import resolve_checkpoint
+
+        try:
+            resolve_checkpoint(init_from)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"init_from={init_from!r}: {e}; train the previous stage first or set "
+                                    "init_from=None") from None
 
     exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
     rank = int(os.environ.get("RANK", "0"))
@@ -207,7 +234,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     if getattr(data, "missing_class_samples", 0) and resume is None:
         _write_class_samples(model, objective, data, init_from, sampling)
     module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
-                             init_from=None if resume is not None else init_from, lora=lora)
+                             lora=lora)
     if hasattr(data, "build_encoders"):
         module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
                                         "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
@@ -216,10 +243,13 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         ModelCheckpoint(dirpath=ckpt_dir, filename="{step:08d}", every_n_train_steps=trainer_cfg.checkpoint_every_n_steps,
                         save_top_k=trainer_cfg.keep_last_n_checkpoints, monitor="step", mode="max",
                         save_on_train_epoch_end=False),
-        ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1))),
-        MetricsHistory(exp_dir),
+        ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1)), model_config=model,
+                         out=exp_dir / "perf.jsonl"),
+        MetricsHistory(exp_dir, trainer_cfg.log_every_n_steps),
         *trainer_cfg.callbacks,
     ]
+    if trainer_cfg.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
+        callbacks.append(StepProgressBar(refresh_rate=trainer_cfg.log_every_n_steps))
     samples = None
     if sampling.enabled and hasattr(data, "build_encoders") and getattr(trainer_cfg.strategy, "pipeline_parallel", False):
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
@@ -227,12 +257,18 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     elif sampling.enabled and hasattr(data, "build_encoders"):
         samples = SampleVideos(exp_dir, _sample_fn(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
         callbacks.append(samples)
+    if init_from is not None and resume is None:  # a new run of a later stage: the previous stage's weights
+        callbacks.append(InitFrom(init_from))
     loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
+    devices = trainer_cfg.devices
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun / srun launchers
+    if devices == 1 and local_world > 1:  # a one-device recipe (e.g. the CPU quickstart) run under torchrun
+        devices = local_world
     precision = trainer_cfg.precision
     if precision == "bf16-mixed" and not torch.cuda.is_available():
         precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs
     pl_trainer = L.Trainer(
-        max_steps=trainer_cfg.max_steps, devices=trainer_cfg.devices, num_nodes=trainer_cfg.num_nodes,
+        max_steps=trainer_cfg.max_steps, devices=devices, num_nodes=trainer_cfg.num_nodes,
         accelerator=trainer_cfg.accelerator, precision=precision, strategy=trainer_cfg.strategy,
         accumulate_grad_batches=trainer_cfg.accumulate_grad_batches, gradient_clip_val=trainer_cfg.gradient_clip_val,
         log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,

@@ -33,9 +33,46 @@ def teach_parsers() -> None:
     type_parser.get_parser.cache_clear()
 
 
+STRATEGY = "trainer.strategy."
+
+
+def strategy_knobs() -> list[str]:
+    """The knobs of ``VFMParallelStrategy`` (what ``trainer.strategy.<knob>=...`` may name)."""
+    import inspect
+
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+    return [n for n in inspect.signature(VFMParallelStrategy.__init__).parameters if n != "self"]
+
+
+def strategy_overrides(argv: list[str]) -> list[str]:
+    """The knob names of the ``trainer.strategy.<knob>=value`` overrides in ``argv``."""
+    return [a.split("=", 1)[0][len(STRATEGY):] for a in argv if a.startswith(STRATEGY) and "=" in a]
+
+
+def _with_parallel_strategy(factory):
+    """``factory`` whose recipe holds a ``VFMParallelStrategy`` config in place of a strategy name such as
+    ``"auto"``, so that ``trainer.strategy.<knob>=...`` overrides have a config to set."""
+    import functools
+
+    @functools.wraps(factory)
+    def with_strategy():
+        from nemo_vfm_recipes import parallel
+
+        recipe = factory()
+        parallel.strategy(recipe)
+        return recipe
+
+    with_strategy.wrapped, with_strategy.__factory__ = getattr(factory, "wrapped", factory), True
+    return with_strategy
+
+
 def run_cli(target, argv: list[str], prog: str) -> int:
     """NeMo-Run's CLI over ``target`` (``--factory``, ``--yes``, ``--dryrun``, ``--to-yaml``, dotted overrides),
-    returning an exit code: unlike ``run.cli.main``, an unknown factory or a bad override is non-zero."""
+    returning an exit code: unlike ``run.cli.main``, an unknown factory or a bad override is non-zero.
+
+    ``trainer.strategy.<knob>=value`` works on every factory: where the recipe names a Lightning strategy
+    (``"auto"``), it becomes a ``VFMParallelStrategy`` first; an unknown knob exits 2 naming the valid ones."""
     import sys
 
     import catalogue
@@ -44,6 +81,7 @@ def run_cli(target, argv: list[str], prog: str) -> int:
     from nemo_run.config import get_type_namespace
 
     teach_parsers()
+    name = None
     if "--factory" in argv:
         i = argv.index("--factory") + 1
         name = argv[i] if i < len(argv) else ""
@@ -51,6 +89,17 @@ def run_cli(target, argv: list[str], prog: str) -> int:
         if name not in known:
             print(f"error: unknown factory {name!r}; choose one of: {', '.join(known)}", file=sys.stderr)
             return 2
+    knobs = strategy_overrides(argv)
+    if knobs:
+        valid = strategy_knobs()
+        bad = [k for k in knobs if k.split(".")[0] not in valid]
+        if bad:
+            print(f"error: unknown parallel strategy knob {STRATEGY}{bad[0]}; valid knobs: {', '.join(valid)}",
+                  file=sys.stderr)
+            return 2
+        if name is not None:
+            key = (get_type_namespace(target), name)
+            catalogue._set(key, _with_parallel_strategy(catalogue._get(key)))
     entry = run.cli.entrypoint(namespace="vfm")(target)
     app = typer.Typer(pretty_exceptions_enable=False)
     entry.cli_entrypoint._add_command(app, is_main=True)

@@ -1,4 +1,9 @@
-"""DiT pre-training recipes: ``pretrain`` (base), ``pretrain_{s,b,l,xl,7b,14b,28b}`` and ``quickstart``.
+"""DiT pre-training recipes: ``pretrain`` (base), ``pretrain_{s,b,l,xl,7b,14b,28b}``, ``pretrain_xl2_256``
+(the original class-conditional DiT-XL/2) and ``quickstart``.
+
+GPU recipes run the fastest step we measured on one 80 GB GPU by default (``VFMParallelStrategy``: blocks
+compiled on CUDA, fused q/k/v, cuDNN attention, fused AdamW, bf16 autocast; docs/benchmarks.md); with
+several GPUs the data-parallel ranks shard with FSDP2. Every ``trainer.strategy.*`` knob can be overridden.
 
 CLI (``launchers/train.py`` is ``run.cli.main(train)``)::
 
@@ -24,7 +29,8 @@ from nemo_vfm.diffusion.edm import EDM
 from nemo_vfm.diffusion.flow_matching import FlowMatching
 from nemo_vfm.inference.generate import SamplingConfig
 from nemo_vfm.lightning.module import OptimConfig
-from nemo_vfm.models.dit.flavors import FLAVORS
+from nemo_vfm.lightning.strategy import VFMParallelStrategy
+from nemo_vfm.models.dit.flavors import FLAVORS, ORIGINAL_DIT
 from nemo_vfm.models.dit.model import DiTConfig
 from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
 from nemo_vfm_recipes import parallel
@@ -40,10 +46,19 @@ def dit_model(flavor: str, **overrides) -> run.Config[DiTConfig]:
                                     **overrides})
 
 
-def mock_data(batch_size: int = 1, num_frames: int = 8, height: int = 32, width: int = 32):
-    """Random latents for smoke and throughput runs: 8x32x32 latents at patch (1, 2, 2) are 2,048 tokens."""
+def mock_data(batch_size: int = 1, num_frames: int = 8, height: int = 32, width: int = 32, num_workers: int = 2):
+    """Random latents for smoke and throughput runs: 8x32x32 latents at patch (1, 2, 2) are 2,048 tokens. Two
+    loader processes collate the batches (8 x 512 x 4096 text embeddings are 64 MB) off the training loop."""
     return run.Config(MockLatentDataModule, latent_channels=LATENT_CHANNELS, num_frames=num_frames, height=height,
-                      width=width, context_dim=TEXT_DIM, context_length=TEXT_LEN, batch_size=batch_size)
+                      width=width, context_dim=TEXT_DIM, context_length=TEXT_LEN, batch_size=batch_size,
+                      num_workers=num_workers)
+
+
+def gpu_strategy(**knobs) -> run.Config[VFMParallelStrategy]:
+    """The GPU default: one process per GPU, blocks compiled on CUDA (eager on the CPU), fused q/k/v, cuDNN
+    attention, FSDP2 over the data-parallel ranks when there are several (none on one GPU)."""
+    return run.Config(VFMParallelStrategy, **{"compile": "auto", "fuse_qkv": True, "attention_backend": "auto",
+                                              **knobs})
 
 
 def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
@@ -55,7 +70,8 @@ def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain() -> run.Partial:
-    """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents. Every ``pretrain_*`` mutates it.
+    """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents of 2,048 tokens, batch 8 per GPU (the
+    fastest measured that fits 80 GB with EMA: docs/benchmarks.md), compiled blocks. Every ``pretrain_*`` mutates it.
 
     CLI: ``python launchers/train.py --factory pretrain --yes trainer.max_steps=10``
     Python: ``recipe = dit.pretrain(); recipe.model.num_layers = 12``
@@ -63,9 +79,9 @@ def pretrain() -> run.Partial:
     return run.Partial(
         train,
         model=dit_model("xl"),
-        data=mock_data(),
+        data=mock_data(batch_size=8),
         trainer=run.Config(TrainerConfig, max_steps=100_000, precision="bf16-mixed", log_every_n_steps=10,
-                           checkpoint_every_n_steps=1000, gradient_clip_val=1.0),
+                           checkpoint_every_n_steps=1000, gradient_clip_val=1.0, strategy=gpu_strategy()),
         objective=run.Config(EDM, p_mean=0.0, p_std=1.0),
         optim=run.Config(OptimConfig, lr=1e-4, weight_decay=0.0, warmup_steps=1000),
         log=run.Config(ExperimentConfig, name="pretrain", root="experiments"),
@@ -76,32 +92,33 @@ def pretrain() -> run.Partial:
     )
 
 
-def _sized(flavor: str, name: str) -> run.Partial:
+def _sized(flavor: str, name: str, batch_size: int = 8) -> run.Partial:
     recipe = pretrain()
     recipe.model = dit_model(flavor)
+    recipe.data.batch_size = batch_size
     recipe.log.name = name
     return recipe
 
 
 @run.cli.factory(target=train)
 def pretrain_s() -> run.Partial:
-    """DiT-S (12 layers, 384 hidden, 6 heads). CLI: ``launchers/train.py --factory pretrain_s --yes``
+    """DiT-S (12 layers, 384 hidden, 6 heads), batch 32 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_s --yes``
     Python: ``recipe = dit.pretrain_s(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
-    return _sized("s", "pretrain_s")
+    return _sized("s", "pretrain_s", batch_size=32)
 
 
 @run.cli.factory(target=train)
 def pretrain_b() -> run.Partial:
-    """DiT-B (12 layers, 768 hidden, 12 heads). CLI: ``launchers/train.py --factory pretrain_b --yes``
+    """DiT-B (12 layers, 768 hidden, 12 heads), batch 16 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_b --yes``
     Python: ``recipe = dit.pretrain_b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
-    return _sized("b", "pretrain_b")
+    return _sized("b", "pretrain_b", batch_size=16)
 
 
 @run.cli.factory(target=train)
 def pretrain_l() -> run.Partial:
-    """DiT-L (24 layers, 1024 hidden, 16 heads). CLI: ``launchers/train.py --factory pretrain_l --yes``
+    """DiT-L (24 layers, 1024 hidden, 16 heads), batch 8 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_l --yes``
     Python: ``recipe = dit.pretrain_l(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
     return _sized("l", "pretrain_l")
@@ -109,7 +126,7 @@ def pretrain_l() -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain_xl() -> run.Partial:
-    """DiT-XL (28 layers, 1152 hidden, 16 heads). CLI: ``launchers/train.py --factory pretrain_xl --yes``
+    """DiT-XL (28 layers, 1152 hidden, 16 heads), batch 8 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_xl --yes``
     Python: ``recipe = dit.pretrain_xl(); run.run(recipe, executor=run.LocalExecutor())``"""
     return _sized("xl", "pretrain_xl")
 
@@ -147,6 +164,23 @@ def pretrain_28b() -> run.Partial:
     recipe = _sized("28b", "pretrain_28b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
     return parallel.layout_28b(recipe)
+
+
+@run.cli.factory(target=train)
+def pretrain_xl2_256() -> run.Partial:
+    """The original DiT-XL/2 at 256 px (class-conditional ImageNet shape: 4x32x32 latents, 256 tokens, learned
+    sigma, 1000 classes; what Fast-DiT trains), on mock latents. Batch 176 per GPU with bf16 autocast and
+    compiled blocks: the fastest measured on one 80 GB GPU (batch 256 needs activation checkpointing:
+    ``trainer.strategy.activation_checkpointing=full``). ``bench/compare_fastdit.py`` runs it against Fast-DiT.
+    CLI: ``python launchers/train.py --factory pretrain_xl2_256 --yes trainer.max_steps=100``
+    Python: ``recipe = dit.pretrain_xl2_256(); recipe.data.batch_size = 128; run.run(recipe, executor=run.LocalExecutor())``
+    """
+    recipe = pretrain()
+    recipe.model = run.Config(DiTConfig, **{**FLAVORS["xl"], **ORIGINAL_DIT})
+    recipe.data = run.Config(MockLatentDataModule, latent_channels=4, num_frames=1, height=32, width=32,
+                             context_dim=None, num_classes=1000, batch_size=176, num_workers=2)
+    recipe.log.name = "pretrain_xl2_256"
+    return recipe
 
 
 @run.cli.factory(target=train)

@@ -71,8 +71,8 @@ def pretrain_moviegen_5b() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_moviegen_30b() -> run.Partial:
     """MovieGen-30B (48 layers, 6144 hidden, 48 heads, 8 KV heads, ffn 16384), 32x32x32 latents (8,192 tokens),
-    FSDP2 over all ranks with full activation checkpointing: 25B x 16 bytes of weights, gradients and Adam
-    state = 400 GB, so at least 8 GPUs of 80 GB (50 GB each) before activations; use 16+.
+    FSDP2 over all ranks with full activation checkpointing: 28B x 16 bytes of weights, gradients and Adam
+    state = 450 GB, so at least 8 GPUs of 80 GB (56 GB each) before activations; use 16+.
     CLI: ``torchrun --nproc-per-node 8 --nnodes 2 launchers/train.py --factory pretrain_moviegen_30b --yes``
     Python: ``recipe = moviegen.pretrain_moviegen_30b(); run.run(recipe, executor=run.SlurmExecutor(...))``
     """

@@ -4,6 +4,7 @@
     recipe = parallel.with_cp(parallel.with_tp(dit.pretrain_7b(), 2, sequence_parallel=True), 4)
     recipe = parallel.with_fsdp(recipe, activation_checkpointing="selective")
     recipe = parallel.with_pp(recipe, 2, schedule="interleaved")   # 2 pipeline ranks, 4 stages
+    recipe = parallel.with_ep(moe.pretrain_ecditllama1b(), 4)        # MoE experts over 4 ranks
 
 CLI (NeMo-Run dotted overrides reach the same knobs)::
 
@@ -21,7 +22,9 @@ import nemo_run as run
 from nemo_vfm.lightning.strategy import VFMParallelStrategy
 
 
-def _strategy(recipe: run.Partial) -> run.Config:
+def strategy(recipe: run.Partial) -> run.Config[VFMParallelStrategy]:
+    """The recipe's ``VFMParallelStrategy`` config, put in place of a Lightning strategy name (``"auto"``) first,
+    so that its knobs can be set on any recipe: ``parallel.strategy(recipe).tensor_model_parallel_size = 2``."""
     s = recipe.trainer.strategy
     if not (isinstance(s, run.Config) and s.__fn_or_cls__ is VFMParallelStrategy):
         s = run.Config(VFMParallelStrategy)
@@ -33,7 +36,7 @@ def with_fsdp(recipe: run.Partial, *, replicate: int = 1, activation_checkpointi
               param_dtype: str = "bf16", reduce_dtype: str = "fp32") -> run.Partial:
     """Shard parameters, gradients and optimizer state over the data-parallel (and CP) ranks with FSDP2;
     ``replicate > 1``: HSDP (shard within groups, replicate across ``replicate`` groups)."""
-    s = _strategy(recipe)
+    s = strategy(recipe)
     s.fsdp, s.data_parallel_replicate_size = True, replicate
     s.param_dtype, s.reduce_dtype = param_dtype, reduce_dtype
     if activation_checkpointing is not None:
@@ -43,14 +46,14 @@ def with_fsdp(recipe: run.Partial, *, replicate: int = 1, activation_checkpointi
 
 def with_ddp(recipe: run.Partial) -> run.Partial:
     """Plain data parallel: every data-parallel rank keeps all parameters, gradients are all-reduced."""
-    _strategy(recipe).fsdp = False
+    strategy(recipe).fsdp = False
     return recipe
 
 
 def with_tp(recipe: run.Partial, size: int, *, sequence_parallel: bool = True) -> run.Partial:
     """Tensor parallel over ``size`` ranks (heads, MLP columns); sequence parallel splits the tokens
     between them outside attention/MLP (recommended: it cuts activation memory by ``size``)."""
-    s = _strategy(recipe)
+    s = strategy(recipe)
     s.tensor_model_parallel_size, s.sequence_parallel = size, sequence_parallel and size > 1
     return recipe
 
@@ -60,7 +63,7 @@ def with_cp(recipe: run.Partial, size: int, kind: str = "ring") -> run.Partial:
     (all-to-all / Ulysses, needs heads per TP rank divisible by ``size``)."""
     if kind not in ("ring", "a2a"):
         raise ValueError(f"with_cp kind must be 'ring' or 'a2a', got {kind!r}")
-    s = _strategy(recipe)
+    s = strategy(recipe)
     s.context_parallel_size, s.context_parallel_kind = size, kind
     return recipe
 
@@ -74,21 +77,30 @@ def with_pp(recipe: run.Partial, size: int, schedule: str = "1f1b", microbatches
 
     if schedule not in PP_SCHEDULES:
         raise ValueError(f"with_pp schedule must be one of {PP_SCHEDULES}, got {schedule!r}")
-    s = _strategy(recipe)
+    s = strategy(recipe)
     s.pipeline_model_parallel_size, s.pipeline_schedule, s.microbatches = size, schedule, microbatches
+    return recipe
+
+
+def with_ep(recipe: run.Partial, size: int) -> run.Partial:
+    """Expert parallel over ``size`` ranks: each MoE layer's experts split between them, tokens exchanged by
+    all-to-all (``nemo_vfm.parallel.expert_parallel``). ``size`` divides the FSDP data-parallel ranks, which stay
+    on (experts are FSDP-sharded over the rest)."""
+    s = strategy(recipe)
+    s.expert_model_parallel_size, s.fsdp = size, True
     return recipe
 
 
 def with_activation_checkpointing(recipe: run.Partial, mode: str = "full", every: int = 2) -> run.Partial:
     """``"full"`` (every block), ``"selective"`` (every ``every``-th block) or ``"selective_op"``."""
-    s = _strategy(recipe)
+    s = strategy(recipe)
     s.activation_checkpointing, s.activation_checkpointing_every = mode, every
     return recipe
 
 
 def with_compile(recipe: run.Partial) -> run.Partial:
     """``torch.compile`` each transformer block."""
-    _strategy(recipe).compile = True
+    strategy(recipe).compile = True
     return recipe
 
 
@@ -98,7 +110,7 @@ def with_float8(recipe: run.Partial, scaling: str = "tensorwise", modules: str =
     at 8k tokens on an H100), not DiT-XL (docs/benchmarks.md). Not with tensor parallelism. The defaults are
     what measured fastest there (tensorwise, every linear; rowwise gained nothing), not the strategy's
     conservative ``mlp``/off."""
-    s = _strategy(recipe)
+    s = strategy(recipe)
     s.float8, s.float8_modules, s.compile = scaling, modules, True
     return recipe
 

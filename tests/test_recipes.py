@@ -8,7 +8,7 @@ import nemo_vfm_recipes.dit as dit
 from nemo_vfm.train import train
 
 FACTORIES = ["pretrain", "pretrain_s", "pretrain_b", "pretrain_l", "pretrain_xl", "pretrain_7b", "pretrain_14b",
-             "pretrain_28b", "quickstart"]
+             "pretrain_28b", "pretrain_xl2_256", "quickstart"]
 
 
 @pytest.mark.parametrize("name", FACTORIES)

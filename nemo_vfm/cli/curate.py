@@ -24,6 +24,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "Overrides: key=value for any CurationConfig field (see docs/curation.md)."
 
 
+def check_paths(input_path: str, output: str, synthetic: int) -> str | None:
+    """A one-sentence problem with INPUT/OUTPUT, or None (checked before any work)."""
+    from pathlib import Path
+
+    src, dst = Path(input_path), Path(output)
+    if not synthetic and not src.exists():
+        return f"input {input_path!r} does not exist; give a video file or a folder of videos (or --synthetic N)"
+    if synthetic and src.exists() and not src.is_dir():
+        return f"--synthetic writes videos into INPUT, but {input_path!r} is a file; give a folder"
+    if dst.exists() and not dst.is_dir():
+        return f"output {output!r} is a file; give a folder"
+    if dst.resolve() == src.resolve():
+        return f"output {output!r} is the input folder; give a separate output folder (one inside the input is fine)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from tqdm import tqdm
@@ -37,13 +53,23 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:
         console.print(f"[red]error:[/red] {e}")
         return 2
+    if args.synthetic < 0:
+        console.print(f"[red]error:[/red] --synthetic must be >= 0, got {args.synthetic}")
+        return 2
+    problem = check_paths(args.input, args.output, args.synthetic)
+    if problem:
+        console.print(f"[red]error:[/red] {problem}")
+        return 2
     if args.synthetic:
         from nemo_vfm.curation.synthetic import make_raw_dataset
 
         try:
             h, w = (int(x) for x in args.synthetic_size.lower().split("x"))
+            if h < 16 or w < 16:
+                raise ValueError
         except ValueError:
-            console.print(f"[red]error:[/red] --synthetic-size must look like 720x1280, got {args.synthetic_size!r}")
+            console.print(f"[red]error:[/red] --synthetic-size must look like 720x1280 (each >= 16), "
+                          f"got {args.synthetic_size!r}")
             return 2
         make_raw_dataset(args.input, num_videos=args.synthetic, height=h, width=w, bad_files=True)
     from nemo_vfm.curation.pipeline import curate
@@ -71,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         console.print(f"[red]error:[/red] {e}")
         return 2
+    except (OSError, RuntimeError) as e:  # a full disk, a failed write, energon indexing: the run stopped
+        bar.close()
+        console.print(f"[red]error:[/red] curation stopped: {e}")
+        return 1
     bar.close()
     out = Console(width=max(Console().width, 130))
     if result.report is not None:
@@ -79,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_preview:
         from nemo_vfm.curation.preview import write_preview
 
-        preview = write_preview(result.output)
+        try:
+            preview = write_preview(result.output)
+        except (OSError, ValueError) as e:  # a preview is a convenience: the curated data is complete
+            console.print(f"[yellow]warning:[/yellow] no preview written: {e}")
+            preview = None
         if preview is not None:
             out.print(f"preview of the kept clips: {preview}")
     out.print(f"inputs: {c['inputs_done']} done, {c['inputs_error']} unreadable; clips: {c['kept']} kept, "

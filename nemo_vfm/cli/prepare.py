@@ -62,14 +62,23 @@ def run(args) -> int:
 
     try:
         cfg = parse(list(args.overrides) + list(args.extra))
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"vfm prepare: {e}", file=sys.stderr)
         return 2
-    res = prepare(cfg)
+    try:
+        res = prepare(cfg)
+    except (OSError, RuntimeError) as e:  # a full disk, a failed write, energon indexing: finished shards are kept
+        print(f"vfm prepare: stopped: {e}", file=sys.stderr)
+        return 1
     if res.rank == 0:
         print(f"rank 0/{res.world_size}: wrote {res.written} samples in {len(res.shards)} shards, skipped "
-              f"{res.skipped_done} already prepared, {len(res.errors)} failed -> {res.output}"
-              + (" (indexed for Energon)" if res.indexed else ""))
+              f"{res.skipped_done} already prepared, {len(res.errors)} failed"
+              + (f", {res.skipped_failed} failed before and unchanged" if res.skipped_failed else "")
+              + f" -> {res.output}" + (" (indexed for Energon)" if res.indexed else ""))
         for err in res.errors[:10]:
             print(f"  skipped {err['source']}: {err['reason']}")
+        if len(res.errors) > 10:
+            print(f"  ... {len(res.errors) - 10} more in {res.output}/.prepare/report.json")
+        for source, key in res.renamed[:10]:
+            print(f"  {source}: its key collides with another input's, stored as {key!r}")
     return 0

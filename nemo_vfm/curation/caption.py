@@ -30,16 +30,23 @@ def read_sidecar(video_path: str) -> list[dict] | None:
     p = Path(video_path)
     for candidate in (p.with_suffix(".json"), p.with_name(p.name + ".json")):
         if candidate.is_file():
-            data = json.loads(candidate.read_text())
-            if isinstance(data, dict) and "captions" in data:
-                return [{"start": float(c.get("start", 0)), "end": float(c.get("end", float("inf"))),
-                         "text": str(c["text"])} for c in data["captions"]]
-            if isinstance(data, dict) and "caption" in data:
-                return [{"start": 0.0, "end": float("inf"), "text": str(data["caption"])}]
-            raise ValueError(f"caption sidecar {candidate} needs a 'caption' or 'captions' key")
+            try:
+                data = json.loads(candidate.read_text(encoding="utf-8"))
+                if isinstance(data, dict) and "captions" in data:
+                    return [{"start": float(c.get("start", 0)), "end": float(c.get("end", float("inf"))),
+                             "text": str(c["text"])} for c in data["captions"]]
+                if isinstance(data, dict) and "caption" in data:
+                    return [{"start": 0.0, "end": float("inf"), "text": str(data["caption"])}]
+            except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
+                msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise ValueError(f"malformed caption sidecar {candidate.name}: {msg}") from e
+            raise ValueError(f"caption sidecar {candidate.name} needs a 'caption' or 'captions' key")
     for candidate in (p.with_suffix(".txt"), p.with_name(p.name + ".txt")):
         if candidate.is_file():
-            return [{"start": 0.0, "end": float("inf"), "text": candidate.read_text().strip()}]
+            try:
+                return [{"start": 0.0, "end": float("inf"), "text": candidate.read_text(encoding="utf-8").strip()}]
+            except UnicodeDecodeError as e:
+                raise ValueError(f"caption sidecar {candidate.name} is not utf-8 text ({e.reason})") from e
     return None
 
 

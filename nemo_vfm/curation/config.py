@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ts", ".flv", ".wmv",
@@ -41,35 +42,61 @@ class CurationConfig:
     preset: str = "veryfast"
     # filters
     min_height: int = 0  # of the source video
-    min_motion: float = 0.002  # mean |RGB difference| of consecutive frames, in [0, 1]
+    # motion on the changed region (nemo_vfm/curation/filters.py; calibrated in tests/curation/test_motion_calibration.py)
+    min_motion: float = 1e-3  # optical-flow speed of the changed region, frame heights per frame
+    min_moving_area: float = 3e-4  # share of pixels that change between frames (mean over frame pairs)
+    change_threshold: float = 0.06  # a pixel changed when an RGB value moved by more than this (in [0, 1])
     black_luma: float = 0.06  # a frame darker than this (mean luma in [0, 1]) counts as black
     max_black_fraction: float = 0.9
-    frozen_diff: float = 0.0005
-    max_frozen_fraction: float = 0.5
+    max_frozen_fraction: float = 0.5  # share of frame pairs with no changed region
+    # near-duplicates: a kept clip whose embedding has cosine similarity >= dedup_threshold with an earlier kept
+    # clip (any input, sorted order) is filtered; needs embed != "none"; null turns it off
+    dedup_threshold: float | None = 0.95
     scorers: dict = field(default_factory=dict)  # {"module:function": min_score}
     # caption and embedding
     caption: str = "auto"  # auto | sidecar | template | vlm | none
     caption_template: str = "a video clip from {source_name}"
     vlm_model: str | None = None  # local path of a transformers image-text-to-text model
     vlm_prompt: str = "Describe this video frame in one sentence."
-    embed: str = "none"  # none | thumb | "module:function"
+    embed: str = "none"  # none | frames | thumb | "module:function" (frames: what near-duplicate removal is tuned for)
     # shards
     shard_size: int = 100  # clips per tar
     energon_prepare: bool = True
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # numbers from the CLI arrive parsed: reject "abc", true, [1] early
+            value, args = getattr(self, f.name), typing.get_args(f.type) or (f.type,)
+            if value is None and type(None) in args:
+                continue
+            if int in args and float not in args and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"CurationConfig.{f.name} must be an integer, got {value!r}")
+            if float in args and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+                raise ValueError(f"CurationConfig.{f.name} must be a number, got {value!r}")
+            if bool in args and not isinstance(value, bool):
+                raise ValueError(f"CurationConfig.{f.name} must be true or false, got {value!r}")
+            if str in args and not isinstance(value, str):
+                raise ValueError(f"CurationConfig.{f.name} must be a string, got {value!r}")
         choices = {"engine": ("ray", "local"), "split": ("shots", "stride"),
                    "aspect": ("keep", "center_crop", "pad", "stretch"),
                    "caption": ("auto", "sidecar", "template", "vlm", "none")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"CurationConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.embed not in ("none", "thumb") and ":" not in self.embed:
-            raise ValueError(f"CurationConfig.embed must be 'none', 'thumb' or 'module:function', got {self.embed!r}")
+        if self.embed not in ("none", "thumb", "frames") and ":" not in self.embed:
+            raise ValueError("CurationConfig.embed must be 'none', 'frames', 'thumb' or 'module:function', "
+                             f"got {self.embed!r}")
         positive = ("rebalance_interval_s", "max_clip_s", "detect_width", "height", "shard_size", "shot_threshold")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"CurationConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("min_motion", "min_moving_area", "black_luma", "max_black_fraction", "max_frozen_fraction",
+                     "change_threshold"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"CurationConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.dedup_threshold is not None and not 0 < self.dedup_threshold <= 1:
+            raise ValueError(f"CurationConfig.dedup_threshold must be in (0, 1] or null (off), got {self.dedup_threshold}")
+        if not 0 <= self.crf <= 51 or self.min_height < 0:
+            raise ValueError(f"CurationConfig.crf must be in [0, 51] and min_height >= 0, got {self.crf}, {self.min_height}")
         if not 0 <= self.min_clip_s <= self.max_clip_s:
             raise ValueError(f"CurationConfig.min_clip_s must be in [0, max_clip_s={self.max_clip_s}], got {self.min_clip_s}")
         if self.num_workers is not None and self.num_workers < 1:

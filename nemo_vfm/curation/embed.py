@@ -1,7 +1,12 @@
 """Optional embedding stage: a vector per clip, stored in its metadata.
 
-``thumb`` is a cheap built-in (the clip's mean 8x8 luma thumbnail, L2-normalised, 64 numbers;
-good enough for near-duplicate search on synthetic data). Any importable
+Built-ins: ``frames`` (each quarter of the clip as its time-averaged 8x8 luma thumbnail with its mean
+removed, concatenated and L2-normalised: 256 numbers; it keeps the order of events, so
+the same layout moving another way is not a near-duplicate, while a re-encoded or repeated clip is)
+and ``thumb`` (the clip's time-averaged 8x8 luma thumbnail, 64 numbers; cheaper but blind to
+direction: two different objects crossing the frame the same way look alike). Near-duplicate removal
+(``dedup_threshold``, see :mod:`nemo_vfm.curation.pipeline`) uses whichever is set; ``frames`` is the
+one calibrated for it (``tests/curation/test_fault_injection.py``). Any importable
 ``fn(thumbs_THWC: uint8 ndarray, task) -> 1-D array`` named ``"module:function"`` plugs in a model.
 """
 
@@ -24,6 +29,25 @@ def thumb_embedding(thumbs: np.ndarray, task: ClipTask | None = None) -> np.ndar
     return (v / (np.linalg.norm(v) + 1e-6)).astype(np.float32)
 
 
+def frames_embedding(thumbs: np.ndarray, task: ClipTask | None = None) -> np.ndarray:
+    """Each quarter of ``[T, h, w, 3]`` uint8 as its mean 8x8 luma, mean removed; concatenated, L2-normalised: ``[256]``."""
+    import cv2
+
+    t = len(thumbs)
+    luma = thumbs.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)  # [T, h, w]
+    parts = []
+    for q in range(4):
+        a = min(t - 1, q * t // 4)
+        f = luma[a:max(a + 1, (q + 1) * t // 4)].mean(axis=0)
+        v = cv2.resize(f, (8, 8), interpolation=cv2.INTER_AREA).ravel() / 255.0
+        parts.append(v - v.mean())
+    v = np.concatenate(parts)
+    return (v / (np.linalg.norm(v) + 1e-6)).astype(np.float32)
+
+
+BUILTIN = {"thumb": thumb_embedding, "frames": frames_embedding}
+
+
 class EmbedStage(Stage):
     name = "embed"
 
@@ -32,7 +56,7 @@ class EmbedStage(Stage):
         self._fn = None
 
     def setup(self) -> None:
-        self._fn = thumb_embedding if self.kind == "thumb" else load_callable(self.kind)
+        self._fn = BUILTIN[self.kind] if self.kind in BUILTIN else load_callable(self.kind)
 
     def process(self, task: ClipTask) -> list[ClipTask]:
         if self._fn is None:

@@ -8,7 +8,8 @@ its row and the clip rows of the same attempt: what the manifest and the shards 
 Input rows: ``{"kind": "input", "input", "status": "done" | "error", "message", "clips", "kept",
 "filtered", "errors", "probe", "attempt"}``. Clip rows: ``{"kind": "clip", "input", "clip_id",
 "clip_index", "status": "kept" | "filtered" | "error", "reason", "span", "out", "scores",
-"caption", "attempt"}``.
+"caption", "attempt"}``. A torn last line (a crash or a full disk in the middle of a write) is
+repaired before the first append (:func:`nemo_vfm.io.jsonl.repair_jsonl`), so no later row is lost.
 """
 
 from __future__ import annotations
@@ -18,19 +19,13 @@ import os
 from pathlib import Path
 
 from nemo_vfm.curation.task import ClipTask
+from nemo_vfm.io.jsonl import read_jsonl, repair_jsonl, write_error
 
 
 class Ledger:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.rows: list[dict] = []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    try:
-                        self.rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass  # a torn last line from a crash: that input is not finished
+        self.rows: list[dict] = read_jsonl(self.path)  # a torn line from a crash is skipped: its input is not finished
         self.attempt = 1 + max((r.get("attempt", 0) for r in self.rows), default=0)
         self._fh = None
 
@@ -39,15 +34,19 @@ class Ledger:
         return {r["input"]: r for r in self.rows if r.get("kind") == "input"}
 
     def append(self, row: dict, sync: bool = False) -> None:
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a")
         row = {**row, "attempt": self.attempt}
+        try:
+            if self._fh is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                repair_jsonl(self.path)
+                self._fh = open(self.path, "a")
+            self._fh.write(json.dumps(row, sort_keys=True) + "\n")
+            self._fh.flush()
+            if sync:
+                os.fsync(self._fh.fileno())
+        except OSError as e:
+            raise write_error(self.path, e, "appending to the ledger") from e
         self.rows.append(row)
-        self._fh.write(json.dumps(row, sort_keys=True) + "\n")
-        self._fh.flush()
-        if sync:
-            os.fsync(self._fh.fileno())
 
     def clip_row(self, task: ClipTask) -> dict:
         status = "kept" if task.status == "ok" else task.status

@@ -10,6 +10,13 @@ runs. Output layout::
     OUTPUT/config.json      the settings of the first run
     OUTPUT/shards/          shard-000000.tar ... + .nv-meta/ (the Energon dataset)
     OUTPUT/.staging/        per-input clip files the shards are packed from
+
+After the streaming stages, kept clips that carry an embedding (``embed`` set) are deduplicated
+across all inputs: in sorted clip order, a clip whose cosine similarity with an earlier kept clip is
+``>= dedup_threshold`` is filtered as ``near_duplicate`` (a ``dedup`` row in the ledger records the
+decision and its similarity). An OUTPUT folder inside INPUT is not searched for inputs; OUTPUT equal
+to INPUT is refused. A write error (e.g. a full disk) stops the run with a message naming the file;
+the ledger rows and staged clips already written stay, and the same command resumes.
 """
 
 import dataclasses
@@ -40,16 +47,68 @@ class CurationResult:
     report: PipelineReport | None = None
 
 
-def discover_inputs(input_path: str | os.PathLike, extensions: tuple) -> tuple[Path, list[str]]:
-    """(root, sorted relative paths) of the video files under ``input_path`` (a folder or one file)."""
+def discover_inputs(input_path: str | os.PathLike, extensions: tuple,
+                    exclude: str | os.PathLike | None = None) -> tuple[Path, list[str]]:
+    """(root, sorted relative paths) of the video files under ``input_path`` (a folder or one file).
+
+    Files under ``exclude`` (the output folder, when it lies inside the input) are left out.
+    """
     p = Path(input_path)
     if p.is_file():
         return p.parent.resolve(), [p.name]
     if not p.is_dir():
         raise FileNotFoundError(f"input {str(input_path)!r} does not exist; give a video file or a folder of videos")
+    root = p.resolve()
+    if exclude is not None and Path(exclude).resolve() == root:
+        raise ValueError(f"output {str(exclude)!r} is the input folder; give a separate output folder "
+                         "(one inside the input is fine: it is not searched)")
+    skip = None
+    if exclude is not None and root in Path(exclude).resolve().parents:
+        skip = Path(exclude).resolve().relative_to(root).as_posix()
     rels = sorted(q.relative_to(p).as_posix() for q in p.rglob("*")
                   if q.is_file() and q.suffix.lower() in extensions and not q.name.startswith("."))
-    return p.resolve(), rels
+    if skip is not None:
+        rels = [r for r in rels if r != skip and not r.startswith(skip + "/")]
+    return root, rels
+
+
+def find_near_duplicates(clip_rows: list[dict], staging_root: Path, threshold: float) -> dict[str, tuple[str, float]]:
+    """``clip_id -> (duplicate_of, cosine similarity)`` for kept clips whose embedding is ``>= threshold`` close to
+    an earlier kept clip (rows in order; clips without an embedding are never duplicates)."""
+    import numpy as np
+
+    from nemo_vfm.curation.writer import staging_dir
+
+    ids, vecs = [], []
+    for r in clip_rows:
+        if r["status"] != "kept":
+            continue
+        meta_path = staging_dir(staging_root, r["input"]) / f"{r['clip_id']}.json"
+        try:
+            emb = json.loads(meta_path.read_text()).get("embedding")
+        except (OSError, ValueError):
+            emb = None
+        if emb:
+            ids.append(r["clip_id"])
+            vecs.append(np.asarray(emb, np.float64))
+    if len(vecs) < 2:
+        return {}
+    if len({v.shape for v in vecs}) > 1:
+        raise ValueError("clip embeddings have different sizes (the embed setting changed between runs); "
+                         "set dedup_threshold=null or re-curate into a new output folder")
+    x = np.stack(vecs)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    sims = x @ x.T  # [N, N]
+    kept_idx: list[int] = []
+    dups: dict[str, tuple[str, float]] = {}
+    for i in range(len(ids)):
+        if kept_idx:
+            j = max(kept_idx, key=lambda k: sims[i, k])
+            if sims[i, j] >= threshold:
+                dups[ids[i]] = (ids[j], round(float(sims[i, j]), 6))
+                continue
+        kept_idx.append(i)
+    return dups
 
 
 def build_stages(config: CurationConfig, staging_root: Path) -> list:
@@ -70,8 +129,9 @@ def build_stages(config: CurationConfig, staging_root: Path) -> list:
         TranscodeStage(fps=c.fps, height=c.height, width=c.width, aspect=c.aspect, upscale=c.upscale, crf=c.crf,
                        preset=c.preset),
         FilterStage(min_duration_s=c.min_clip_s, min_height=c.min_height, min_motion=c.min_motion,
-                    black_luma=c.black_luma, max_black_fraction=c.max_black_fraction, frozen_diff=c.frozen_diff,
-                    max_frozen_fraction=c.max_frozen_fraction, scorers=c.scorers),
+                    min_moving_area=c.min_moving_area, change_threshold=c.change_threshold, black_luma=c.black_luma,
+                    max_black_fraction=c.max_black_fraction, max_frozen_fraction=c.max_frozen_fraction,
+                    scorers=c.scorers),
     ]
     if c.embed != "none":
         stages.append(EmbedStage(kind=c.embed))
@@ -82,12 +142,30 @@ def build_stages(config: CurationConfig, staging_root: Path) -> list:
     return stages
 
 
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file; an ``OSError`` (full disk) names ``path``, keeps the old file."""
+    from nemo_vfm.io.jsonl import write_error
+
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from e
+
+
 def _check_config(output: Path, config: CurationConfig) -> None:
     path, now = output / "config.json", dataclasses.asdict(config)
     if not path.exists():
-        path.write_text(json.dumps(now, indent=1, sort_keys=True, default=list))
+        _write_text_atomic(path, json.dumps(now, indent=1, sort_keys=True, default=list))
         return
-    before = json.loads(path.read_text())
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        log.warning("%s is unreadable; rewriting it with the current settings", path)
+        _write_text_atomic(path, json.dumps(now, indent=1, sort_keys=True, default=list))
+        return
     changed = sorted(k for k in now if json.dumps(now[k], default=list) != json.dumps(before.get(k), default=list)
                      and k not in ("engine", "ray_address", "num_workers", "balance", "rebalance_interval_s"))
     if changed:
@@ -105,8 +183,10 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
     cleanly (the next run resumes).
     """
     config = dataclasses.replace(config or CurationConfig(), **overrides) if overrides else (config or CurationConfig())
-    root, rels = discover_inputs(input_path, config.extensions)
     output = Path(output_path)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"output {str(output)!r} is a file; give a folder")
+    root, rels = discover_inputs(input_path, config.extensions, exclude=output)
     output.mkdir(parents=True, exist_ok=True)
     _check_config(output, config)
     staging, shards_dir = output / ".staging", output / "shards"
@@ -130,6 +210,11 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
         summaries: dict[str, dict] = {}
 
         def on_finished(t: ClipTask) -> None:
+            if t.fatal:  # a full disk: stop; this input is not finished, the next run redoes it
+                import errno
+
+                raise OSError(errno.ENOSPC, f"{t.rel}: {t.reason}; free space and re-run the same command "
+                                            "(finished inputs are kept)")
             s = summaries.setdefault(t.rel, {"kind": "input", "input": t.rel, "status": "done", "message": "",
                                              "clips": 0, "kept": 0, "filtered": 0, "errors": 0, "probe": {}})
             if t.probe and not s["probe"]:
@@ -158,12 +243,29 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
             report = engine.run(tasks, on_finished, input_done)
         finally:
             ledger.close()
-        (output / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+        _write_text_atomic(output / "report.json", json.dumps(report.to_dict(), indent=1))
     input_rows, clip_rows = ledger.consolidated()
-    with open(output / "manifest.jsonl.tmp", "w") as f:
-        for row in input_rows + clip_rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-    os.replace(output / "manifest.jsonl.tmp", output / "manifest.jsonl")
+    if config.dedup_threshold is not None:
+        dups = find_near_duplicates(clip_rows, staging, config.dedup_threshold)
+        recorded = {(r["clip_id"], r["duplicate_of"]) for r in ledger.rows if r.get("kind") == "dedup"}
+        try:
+            for cid, (of, sim) in dups.items():
+                if (cid, of) not in recorded:
+                    ledger.append({"kind": "dedup", "clip_id": cid, "duplicate_of": of, "similarity": sim,
+                                   "threshold": config.dedup_threshold})
+        finally:
+            ledger.close()
+        by_input = {r["input"]: r for r in input_rows}
+        for k, r in enumerate(clip_rows):
+            if r["clip_id"] in dups:
+                of, sim = dups[r["clip_id"]]
+                clip_rows[k] = {**r, "status": "filtered", "scores": {**r["scores"], "dedup_similarity": sim},
+                                "reason": f"near_duplicate: cosine {sim:.4f} >= {config.dedup_threshold} with {of}"}
+                row = by_input[r["input"]] = {**by_input[r["input"]]}
+                row["kept"], row["filtered"] = row["kept"] - 1, row["filtered"] + 1
+        input_rows = [by_input[r["input"]] for r in input_rows]
+    _write_text_atomic(output / "manifest.jsonl", "".join(json.dumps(row, sort_keys=True) + "\n"
+                                                          for row in input_rows + clip_rows))
     from nemo_vfm.curation.shards import energon_prepare, pack_shards
 
     shards = pack_shards(clip_rows, staging, shards_dir, config.shard_size)

@@ -2,12 +2,12 @@
 
 Tars are byte-for-byte reproducible (sorted members, zero mtimes and owners) and written atomically
 (``.tmp`` then rename). ``energon prepare`` runs non-interactively with sample type
-``CrudeWebdataset`` and split ``1,0,0`` (all train), writing ``*.tar.idx`` and ``.nv-meta/``.
+``CrudeWebdataset`` and split ``1,0,0`` (all train), writing ``*.tar.idx`` and ``.nv-meta/``
+atomically (:mod:`nemo_vfm.data.energon_index`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import tarfile
@@ -16,15 +16,21 @@ from pathlib import Path
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
     """Write ``(name, data)`` members to a deterministic tar, atomically."""
+    from nemo_vfm.io.jsonl import write_error
+
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, path)
+    try:
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, e, "writing shard") from e
     return path
 
 
@@ -51,16 +57,11 @@ def pack_shards(clip_rows: list[dict], staging_root: Path, shards_dir: Path, sha
 
 
 def energon_prepare(shards_dir: Path) -> None:
-    """Run ``energon prepare`` on ``shards_dir`` (CrudeWebdataset, all samples in the train split)."""
-    from megatron.energon.tools.prepare import command
+    """Index ``shards_dir`` for Energon (CrudeWebdataset, all samples in the train split), atomically.
 
-    args = [str(shards_dir), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type", "CrudeWebdataset",
-            "--force-overwrite", "--num-workers", "1", "--no-progress"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        try:
-            command.main(args=args, standalone_mode=False)
-        except Exception as e:
-            raise RuntimeError(f"energon prepare failed on {shards_dir}: {e}\n{out.getvalue()[-2000:]}") from e
-    if not (shards_dir / ".nv-meta" / "dataset.yaml").is_file():
-        raise RuntimeError(f"energon prepare wrote no .nv-meta/dataset.yaml in {shards_dir}:\n{out.getvalue()[-2000:]}")
+    See :func:`nemo_vfm.data.energon_index.index_dataset`: a kill leaves the previous index or none,
+    and an incomplete ``.nv-meta`` from an interrupted run is rebuilt.
+    """
+    from nemo_vfm.data.energon_index import index_dataset
+
+    index_dataset(shards_dir)

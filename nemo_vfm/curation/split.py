@@ -83,6 +83,7 @@ class SplitStage(Stage):
                                                                    self.max_clip_s)):
             clip = task.child(k, {"start_frame": a, "end_frame": b, "start_s": a / fps, "end_s": b / fps})
             if not long_enough:
+                clip.scores["duration_s"] = round((b - a) / fps, 6)
                 clip.drop("filtered", f"too_short: {(b - a) / fps:.2f}s < min_clip_s {self.min_clip_s}")
             out.append(clip)
         return out

@@ -26,13 +26,20 @@ class Stage:
 
 
 def run_stage(stage: Stage, task: ClipTask) -> tuple[list[ClipTask], float]:
-    """Run one item through a stage, timing it; an exception becomes an ``error`` task, never a crash."""
+    """Run one item through a stage, timing it; an exception becomes an ``error`` task, never a crash.
+
+    A full disk (``ENOSPC``/``EDQUOT``) is not the input's fault: the task comes back with ``fatal`` set,
+    and the driver stops the run without marking the input finished, so a rerun redoes it.
+    """
     t0 = time.perf_counter()
     try:
         outputs = stage.process(task)
     except Exception as e:  # noqa: BLE001 - a bad input must not stop the run
+        from nemo_vfm.io.jsonl import is_disk_full
+
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         outputs = [task.drop("error", f"{stage.name}: {type(e).__name__}: {msg}"[:500])]
+        task.fatal = is_disk_full(e)
     return outputs, time.perf_counter() - t0
 
 

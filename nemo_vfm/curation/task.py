@@ -43,6 +43,7 @@ class ClipTask:
     embedding: list | None = None
     mp4: bytes | None = None
     thumbs: np.ndarray | None = None
+    fatal: bool = False  # an error that is not the input's fault (full disk): the run stops, the input is redone
 
     @property
     def clip_id(self) -> str:

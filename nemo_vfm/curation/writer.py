@@ -32,9 +32,16 @@ def clip_metadata(task: ClipTask) -> dict:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
+    """Write through a temporary file; on an ``OSError`` (full disk) the temporary is removed and the error names ``path``."""
+    from nemo_vfm.io.jsonl import write_error
+
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from e
 
 
 def staging_dir(staging_root: str | os.PathLike, rel: str) -> Path:

@@ -311,9 +311,11 @@ class EnergonDataModule(pl.LightningDataModule):
 
 
 class DataStatsCallback(pl.Callback):
-    """Logs ``data/packing_efficiency`` (running) and ``data/segments`` per step when batches are packed."""
+    """Logs ``data/packing_efficiency`` (running) and ``data/segments`` at log steps when batches are packed."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % max(1, trainer.log_every_n_steps):  # Python floats become device tensors: a sync
+            return
         if isinstance(batch, PackedBatch):
             dm = trainer.datamodule
             eff = dm.packing_efficiency if isinstance(dm, EnergonDataModule) else batch.efficiency

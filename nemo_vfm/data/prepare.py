@@ -2,13 +2,21 @@
 
 Runs on one process or under ``torchrun`` (inputs are dealt round-robin over ranks; rank 0 indexes
 once every rank has finished). Resumable: inputs already in a finished shard are skipped, a crash
-loses at most the shard being written, and only finished shards are ever indexed. An input that
-cannot be decoded or encoded is recorded (key, source, reason) and skipped.
+loses at most the shard being written, and only finished shards are ever indexed (atomically, see
+:mod:`nemo_vfm.data.energon_index`). An input that cannot be decoded or encoded (or whose caption
+sidecar is malformed) is recorded (key, source, reason, fingerprint), warned about and skipped; a
+rerun retries it once its files changed. Two inputs whose keys collide (``my clip.png`` and
+``my_clip.png``) are told apart deterministically: the first in sorted order keeps the key, the next
+get ``-<8 hex of sha1(source)>``. An output folder inside the input folder is not read as input. A
+write error (e.g. a full disk) stops the run with a message naming the file; finished shards and
+manifest lines stay, and the same command resumes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -20,6 +28,9 @@ import torch
 from nemo_vfm.data.schema import LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
 from nemo_vfm.data.sources import InputItem, iter_inputs
+from nemo_vfm.io.jsonl import write_error
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -44,6 +55,19 @@ class PrepareConfig:
     progress: bool = True
 
     def __post_init__(self):
+        for name in ("samples_per_shard", "max_frames", "height", "width"):  # from the CLI: reject "abc", 2.5, true
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"PrepareConfig.{name} must be an integer, got {v!r}")
+        for name in ("allow_missing_caption", "index", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PrepareConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("tokenizer_kwargs", "text_encoder_kwargs"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"PrepareConfig.{name} must be a dict, got {getattr(self, name)!r}")
+        if not isinstance(self.patch_multiple, (list, tuple)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in self.patch_multiple):
+            raise ValueError(f"PrepareConfig.patch_multiple must be 3 positive ints (t, h, w), got {self.patch_multiple!r}")
         if self.latent_dtype not in LATENT_DTYPES:
             raise ValueError(f"PrepareConfig.latent_dtype must be one of {LATENT_DTYPES}, got {self.latent_dtype!r}")
         if self.samples_per_shard < 1:
@@ -58,6 +82,14 @@ class PrepareConfig:
         if not Path(self.input).exists():
             raise FileNotFoundError(f"PrepareConfig.input {self.input} does not exist; pass a folder of "
                                     "videos/images with captions or a folder of webdataset shards")
+        for name in ("height", "width"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"PrepareConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if Path(self.output).resolve() == Path(self.input).resolve():
+            raise ValueError(f"PrepareConfig.output {self.output} is the input folder; give a separate output "
+                             "folder (it may lie inside the input: it is then not read as input)")
+        if Path(self.output).exists() and not Path(self.output).is_dir():
+            raise ValueError(f"PrepareConfig.output {self.output} is a file; give a folder")
 
 
 @dataclass
@@ -70,6 +102,8 @@ class PrepareResult:
     errors: list[dict]  # inputs this rank recorded as failed in this run
     shards: list[str]
     indexed: bool
+    skipped_failed: int = 0  # inputs that failed in an earlier run and have not changed since (not retried)
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (source, key) given a suffix on a key collision
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -115,6 +149,8 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
     """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
     from nemo_vfm.io.video import frames_to_tensor
 
+    if item.error is not None:
+        raise ValueError(item.error)
     if item.caption is None and not cfg.allow_missing_caption:
         raise ValueError("no caption (add a .txt or .json sidecar, or pass allow_missing_caption=true)")
     frames, fps = item.load()
@@ -145,6 +181,27 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
     return parts, meta
 
 
+def unique_key(key: str, source: str, seen) -> str:
+    """``key`` if unused, else ``key-<sha1(source)[:8]>`` (longer if that is taken too): same inputs, same keys."""
+    if key not in seen:
+        return key
+    digest = hashlib.sha1(source.encode()).hexdigest()
+    for n in range(8, 41, 4):
+        if f"{key}-{digest[:n]}" not in seen:
+            return f"{key}-{digest[:n]}"
+    raise ValueError(f"cannot find a unique key for {source} (key {key!r})")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from e
+
+
 def _barrier(world: int) -> None:
     if world <= 1:
         return
@@ -173,47 +230,66 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
         spec = {"tokenizer": {"name": cfg.tokenizer, "kwargs": cfg.tokenizer_kwargs},
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
                 "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype}
-        (out / STATE_DIR / "config.json").write_text(json.dumps(spec, indent=1))
+        _write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
-    done = manifest.done_keys()
+    done, failed = manifest.done_keys(), manifest.failed()
     writer = ShardWriter(out, rank, cfg.samples_per_shard, manifest)
-    written = skipped = 0
+    written = skipped = skipped_failed = 0
     errors: list[dict] = []
+    renamed: list[tuple[str, str]] = []
     bar = tqdm(desc=f"vfm prepare [rank {rank}/{world_size}]", unit="clip", disable=not cfg.progress,
                position=rank if world_size > 1 else None)
-    seen: set[str] = set()
-    for i, item in enumerate(iter_inputs(cfg.input)):
-        if item.key in seen:
-            raise ValueError(f"two inputs map to the key {item.key!r} ({item.source}); rename one of them")
-        seen.add(item.key)
-        if i % world_size != rank:
-            continue
-        if item.key in done:
-            skipped += 1
-            continue
-        try:
-            parts, _ = encode_item(item, cfg, tokenizer, text_encoder)
-        except Exception as e:  # a corrupt input must not stop the run: record it with its reason
-            reason = f"{type(e).__name__}: {e}"
-            writer.add_error(item.key, item.source, reason)
-            errors.append({"key": item.key, "source": item.source, "reason": reason})
-        else:
-            writer.add(item.key, parts)
-            written += 1
-        bar.update(1)
-        bar.set_postfix(written=written, errors=len(errors), refresh=False)
-    writer.flush()
-    bar.close()
-    (out / STATE_DIR / f"rank{rank}.done").write_text(json.dumps({"written": written, "world_size": world_size}))
+    seen: dict[str, str] = {}  # key -> source; every rank sees every input, so all agree on the keys
+    try:
+        for i, item in enumerate(iter_inputs(cfg.input, exclude=[out])):
+            key = unique_key(item.key, item.source, seen)
+            if key != item.key:
+                if rank == 0:
+                    log.warning("inputs %s and %s both map to the key %r: %s is stored as %r",
+                                seen[item.key], item.source, item.key, item.source, key)
+                renamed.append((item.source, key))
+                item.key = key
+            seen[key] = item.source
+            if i % world_size != rank:
+                continue
+            if key in done:
+                skipped += 1
+                continue
+            prev = failed.get(key)
+            if prev is not None and item.fingerprint and prev.get("fingerprint") == item.fingerprint:
+                skipped_failed += 1  # failed before and unchanged since: not retried
+                continue
+            try:
+                parts, _ = encode_item(item, cfg, tokenizer, text_encoder)
+            except Exception as e:  # a corrupt input must not stop the run: record it with its reason
+                reason = f"{type(e).__name__}: {e}"
+                log.warning("skipping %s: %s", item.source, reason)
+                writer.add_error(key, item.source, reason, item.fingerprint)
+                errors.append({"key": key, "source": item.source, "reason": reason})
+            else:
+                writer.add(key, parts)
+                written += 1
+            bar.update(1)
+            bar.set_postfix(written=written, errors=len(errors), refresh=False)
+        writer.flush()
+    finally:
+        bar.close()
+    _write_atomic(out / STATE_DIR / f"rank{rank}.done", json.dumps({"written": written, "world_size": world_size}))
 
     _barrier(world_size)
     indexed = False
     if rank == 0:
-        all_errors = [err for e in manifest.entries() for err in e.get("errors", [])]
-        report = {"samples": sum(len(e.get("keys", [])) for e in manifest.entries()),
-                  "shards": sorted(p.name for p in out.glob("*.tar")), "errors": all_errors}
-        (out / STATE_DIR / "report.json").write_text(json.dumps(report, indent=1))
+        dups = manifest.duplicate_keys()
+        if dups:  # Energon would refuse them (DuplicateSampleKeyError): say which shards and what to do
+            later = sorted({sorted(set(v))[-1] for v in dups.values()})
+            key, shards = next(iter(dups.items()))
+            raise RuntimeError(f"{len(dups)} sample keys are in two shards (e.g. {key!r} in {', '.join(sorted(set(shards)))}),"
+                               f" left by an interrupted run of an older vfm prepare; delete {', '.join(later)} from "
+                               f"{out} and re-run the same command (the samples only they held are prepared again)")
+        report = {"samples": len(manifest.done_keys()), "shards": sorted(p.name for p in out.glob("*.tar")),
+                  "errors": sorted(manifest.failed().values(), key=lambda e: e["key"])}
+        _write_atomic(out / STATE_DIR / "report.json", json.dumps(report, indent=1))
         if cfg.index and report["shards"]:
             from nemo_vfm.data.energon_index import index_dataset
 
@@ -221,4 +297,5 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
             indexed = True
     _barrier(world_size)
     return PrepareResult(output=out, rank=rank, world_size=world_size, written=written, skipped_done=skipped,
-                         errors=errors, shards=writer.shards_written, indexed=indexed)
+                         errors=errors, shards=writer.shards_written, indexed=indexed, skipped_failed=skipped_failed,
+                         renamed=renamed)

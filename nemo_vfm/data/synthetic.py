@@ -68,8 +68,9 @@ class _ResumableDataModule(L.LightningDataModule):
     def train_dataloader(self):
         rank, world = self._rank_world()
         sampler = ResumableSampler(len(self.dataset), self.seed, rank, world, self._start)
+        # pinned host memory: the host-to-device copy is asynchronous and overlaps the previous step
         return DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-                          drop_last=True, persistent_workers=self.num_workers > 0)
+                          drop_last=True, persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
 
     def state_dict(self) -> dict:
         t = self.trainer
@@ -145,9 +146,12 @@ class MockLatentDataModule(_ResumableDataModule):
 
     def __init__(self, *, latent_channels: int = 16, num_frames: int = 8, height: int = 32, width: int = 32,
                  context_dim: int | None = 1024, context_length: int = 512, num_classes: int = 0,
-                 batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0):
+                 batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0, num_workers: int = 0):
         super().__init__()
+        if num_workers < 0:
+            raise ValueError(f"MockLatentDataModule.num_workers must be >= 0, got {num_workers}")
         self.save_hyperparameters()
+        self.num_workers = num_workers  # loader processes: batches are collated and pinned off the training loop
         self.shape = (latent_channels, num_frames, height, width)
         self.context_dim, self.context_length, self.num_classes = context_dim, context_length, num_classes
         self.batch_size, self.num_samples, self.seed, self.fps = batch_size, num_samples, seed, fps

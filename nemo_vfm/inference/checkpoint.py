@@ -217,14 +217,38 @@ def _copy_full(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
         dst.copy_(full)
 
 
+def _base_view(own: dict) -> dict:
+    """A LoRA network's state dict under the plain model's names: ``p.base.weight`` as ``p.weight`` (the same
+    tensors), adapters left out."""
+    paths = {k.split(".lora_A.")[0] for k in own if ".lora_A." in k}
+    out = {}
+    for k, v in own.items():
+        if ".lora_A." in k or ".lora_B." in k:
+            continue
+        head, _, leaf = k.rpartition(".")
+        if head.endswith(".base") and head[: -len(".base")] in paths:
+            k = f"{head[: -len('.base')]}.{leaf}"
+        out[k] = v
+    return out
+
+
 def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
-    """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict)."""
+    """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict). A network
+    with LoRA adapters takes a plain checkpoint's weights as its base weights (adapters keep their values), and
+    a LoRA run's weights as saved; a plain network takes a LoRA run's weights merged."""
+    own = net.state_dict()
+    net_lora = any(".lora_A." in k for k in own)
     if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
+        if net_lora:
+            raise ValueError(f"{info.path} is a Wan folder: for LoRA, load it through model.pretrained (read before "
+                             "the adapters are added), not init_from")
         from nemo_vfm.models.wan.convert import load_weights as load_wan
 
         return load_wan(net, info.path)
-    own = net.state_dict()
-    if info.kind == "dcp" and info.lora is None:  # a LoRA run's adapters are merged on the full tensors (below)
+    if net_lora and info.lora is None:  # a plain checkpoint into a LoRA network: its base weights, adapters kept
+        own = _base_view(own)
+    raw = net_lora and info.lora is not None  # LoRA run into a LoRA network: the saved keys as they are
+    if info.kind == "dcp" and (info.lora is None or raw):  # else: adapters merged on the full tensors (below)
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
@@ -246,7 +270,7 @@ def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tru
             for k, v in own.items():
                 _copy_full(v, f.get_tensor(k), k)
         return
-    state = full_state_dict(info, use_ema)
+    state = raw_state_dict(info, use_ema) if raw else full_state_dict(info, use_ema)
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
         raise ValueError(f"{info.path} does not match this model: missing {missing[:3]}, unexpected {unexpected[:3]}")

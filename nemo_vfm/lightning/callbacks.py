@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 
@@ -20,19 +21,58 @@ def tokens_per_sample(latents: torch.Tensor, patch_size) -> int:
 
 
 class ThroughputLogger(L.Callback):
-    """Every ``every_n_steps``: a step log line (loss, samples/s, tokens/s per GPU, step time), logged as
-    ``perf/*`` metrics too. Time is measured between optimizer steps (data loading included)."""
+    """Every ``every_n_steps``: a step log line (loss, samples/s, tokens/s per GPU, step time and, for the
+    DiT family on a GPU, model TFLOP/s per GPU, MFU and peak memory), logged as ``perf/*`` metrics too.
 
-    def __init__(self, every_n_steps: int = 10, patch_size=(1, 1, 1)):
-        self.every, self.patch_size = max(1, every_n_steps), patch_size
-        self._t0, self._samples, self._tokens, self._steps = None, 0, 0, 0
+    Time is measured between optimizer steps (data loading included) over the whole interval; the GPU is
+    synchronised only at log steps, so the hot loop never waits for the host. FLOPs are the analytic model
+    FLOPs of :mod:`nemo_vfm.models.flops` (3x forward, recomputation not counted), divided by the ranks that
+    share one sample (TP x CP x PP) so that the figure is per GPU; MFU is against the device's dense bf16 peak.
+    With ``out``, each log line is also appended to that JSON-lines file (``perf.jsonl``: what ``bench/``
+    reads from a ``launchers/train.py`` run).
+    """
+
+    def __init__(self, every_n_steps: int = 10, patch_size=(1, 1, 1), model_config=None, out: str | Path | None = None):
+        self.every, self.patch_size, self.model_config = max(1, every_n_steps), patch_size, model_config
+        self.out = Path(out) if out is not None else None  # perf.jsonl: one row per log step (rank 0)
+        self._t0, self._samples, self._tokens, self._steps, self._flops = None, 0, 0, 0, 0.0
+        self._peak = None
+
+    def on_train_start(self, trainer, pl_module):
+        from nemo_vfm.models.flops import peak_tflops
+
+        if pl_module.device.type == "cuda":
+            self._peak = peak_tflops(torch.cuda.get_device_name(pl_module.device))
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._t0 is None:
             self._t0 = time.perf_counter()
 
+    def _step_flops(self, batch, lat) -> float:
+        """Model FLOPs of this step on one sample-sharing group (shapes only: no device sync)."""
+        from nemo_vfm.models.flops import train_step_flops
+
+        if self.model_config is None:
+            return 0.0
+        if hasattr(batch, "cu_seqlens"):
+            return 0.0  # packed: counted from the segment lengths at the log step (see _packed_flops)
+        context = batch.get("context")
+        text = [context.shape[1]] * lat.shape[0] if context is not None else None
+        return train_step_flops(self.model_config, [tokens_per_sample(lat, self.patch_size)] * lat.shape[0], text) or 0.0
+
+    def _packed_flops(self, batch) -> float:
+        from nemo_vfm.models.flops import train_step_flops
+
+        if self.model_config is None:
+            return 0.0
+        seq = batch.seq_lens.tolist()
+        text = (batch.cu_seqlens_text[1:] - batch.cu_seqlens_text[:-1]).tolist()
+        return train_step_flops(self.model_config, seq, text) or 0.0
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if hasattr(batch, "cu_seqlens"):  # packed THD batch: count real tokens, one sample per segment
+        packed = hasattr(batch, "cu_seqlens")
+        if packed:  # packed THD batch: count real tokens, one sample per segment
             lat = batch.tokens
             self._samples += batch.num_segments
             self._tokens += batch.num_real_tokens
@@ -40,42 +80,121 @@ class ThroughputLogger(L.Callback):
             lat = batch["latents"]
             self._samples += lat.shape[0]
             self._tokens += lat.shape[0] * tokens_per_sample(lat, self.patch_size)
+            self._flops += self._step_flops(batch, lat)
         self._steps += 1
         if trainer.global_step % self.every and trainer.global_step != trainer.max_steps:
             return
         if lat.is_cuda:
             torch.cuda.synchronize()
+        if packed:
+            self._flops = self._packed_flops(batch) * self._steps
         dt = time.perf_counter() - self._t0
-        stats = {"perf/samples_per_s": self._samples / dt, "perf/tokens_per_s_per_gpu": self._tokens / dt,
+        strategy = trainer.strategy
+        dims = getattr(strategy, "dims", None)
+        share = dims.tp * dims.cp * dims.pp if dims is not None else 1  # ranks working on the same samples
+        stats = {"perf/samples_per_s": self._samples / dt, "perf/tokens_per_s_per_gpu": self._tokens / dt / share,
                  "perf/step_time_s": dt / self._steps}
+        line = (f"{stats['perf/samples_per_s']:.1f} samples/s {stats['perf/tokens_per_s_per_gpu']:.0f} "
+                f"tokens/s/gpu {stats['perf/step_time_s'] * 1000:.0f} ms/step")
+        if self._flops and lat.is_cuda:
+            tflops = self._flops / dt / share / 1e12
+            stats["perf/model_tflops_per_gpu"] = tflops
+            line += f" {tflops:.0f} TFLOP/s/gpu"
+            if self._peak:
+                stats["perf/mfu"] = tflops / self._peak
+                line += f" MFU {100 * stats['perf/mfu']:.1f}%"
+        if lat.is_cuda:
+            stats["perf/peak_mem_gib"] = torch.cuda.max_memory_allocated(lat.device) / 2**30
+            line += f" peak {stats['perf/peak_mem_gib']:.1f} GiB"
         pl_module.log_dict(stats, batch_size=lat.shape[0])
+        if self.out is not None and trainer.global_rank == 0:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.out, "a") as f:
+                f.write(json.dumps({"step": trainer.global_step, "steps": self._steps,
+                                    **{k.removeprefix("perf/"): v for k, v in stats.items()}}) + "\n")
         loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
-        rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | "
-                       f"{stats['perf/samples_per_s']:.1f} samples/s {stats['perf/tokens_per_s_per_gpu']:.0f} "
-                       f"tokens/s/gpu {stats['perf/step_time_s'] * 1000:.0f} ms/step")
-        self._t0, self._samples, self._tokens, self._steps = time.perf_counter(), 0, 0, 0
+        rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | {line}" + _router_line(pl_module))
+        self._t0, self._samples, self._tokens, self._steps, self._flops = time.perf_counter(), 0, 0, 0, 0.0
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, refreshed every ``refresh_rate`` steps, showing the module's last loss
+    (``step_metrics``): the only host read of the loss happens at a refresh, not on every batch."""
+
+    def get_metrics(self, trainer, pl_module):
+        items = super().get_metrics(trainer, pl_module)
+        loss = getattr(pl_module, "step_metrics", {}).get("loss")
+        if loss is not None:
+            items["loss"] = f"{float(loss):.4f}"
+        return items
+
+
+def _router_line(pl_module) -> str:
+    """`` | moe load max/min x.xx/x.xx unrouted x.x% tokens/expert [..]`` for models with MoE layers (this rank)."""
+    from nemo_vfm.models.common.moe import router_stats
+
+    model = getattr(pl_module, "model", None)
+    stats = router_stats(model) if isinstance(model, torch.nn.Module) else {}
+    if not stats:
+        return ""
+    tpe = stats["moe/tokens_per_expert"].tolist()
+    shown = ",".join(f"{t:.0f}" for t in tpe[:8]) + (",..." if len(tpe) > 8 else "")
+    return (f" | moe load max/min {stats['moe/max_load'].item():.2f}/{stats['moe/min_load'].item():.2f} "
+            f"unrouted {100 * stats['moe/unrouted'].item():.1f}% tokens/expert [{shown}]")
 
 
 class MetricsHistory(L.Callback):
     """Appends ``{"step", "loss", ...}`` per optimizer step to ``metrics.jsonl`` (rank 0) and plots the
-    loss curve to ``loss_curve.png`` when training ends. Appending keeps the history across resumes."""
+    loss curve to ``loss_curve.png`` when training ends. Appending keeps the history across resumes.
 
-    def __init__(self, exp_dir: str | Path):
-        self.path = Path(exp_dir) / "metrics.jsonl"
+    The step's scalars stay on the device until a log step (``every_n_steps``) or the end of training,
+    then are read in one transfer, so that recording every step costs no host sync in the hot loop.
+    """
+
+    def __init__(self, exp_dir: str | Path, every_n_steps: int = 1):
+        self.path, self.every = Path(exp_dir) / "metrics.jsonl", max(1, every_n_steps)
+        self._rows: list[tuple[int, dict]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank != 0:
             return
-        row = {"step": trainer.global_step}
-        row.update({k.removeprefix("train/"): float(v) for k, v in trainer.callback_metrics.items()
-                    if k.startswith("train/") and v.numel() == 1})
+        log_step = trainer.global_step % self.every == 0 or trainer.global_step == trainer.max_steps
+        metrics = getattr(pl_module, "step_metrics", None)  # the module's own (no host sync)
+        if not metrics:
+            if not log_step:  # Lightning's callback_metrics converts progress-bar values: a host sync
+                return
+            metrics = {k.removeprefix("train/"): v for k, v in trainer.callback_metrics.items()
+                       if k.startswith("train/") and v.numel() == 1}
+        self._rows.append((trainer.global_step, {k: v.detach() if torch.is_tensor(v) else v for k, v in metrics.items()}))
+        if log_step:
+            self.flush(trainer)
+
+    def flush(self, trainer=None) -> None:
+        """Write the buffered rows (one device-to-host transfer for all of them)."""
+        if not self._rows:
+            return
+        names = sorted({k for _, m in self._rows for k in m})
+        values = [[m.get(k, float("nan")) for k in names] for _, m in self._rows]
+        flat = [torch.as_tensor(v, dtype=torch.float64).reshape(()) if not torch.is_tensor(v) else v.double().reshape(())
+                for row in values for v in row]
+        host = torch.stack([t.to(flat[0].device) for t in flat]).cpu().tolist() if flat else []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            for i, (step, metrics) in enumerate(self._rows):
+                row = {"step": step}
+                row.update({k: host[i * len(names) + j] for j, k in enumerate(names) if k in metrics})
+                f.write(json.dumps(row) + "\n")
+        self._rows = []
 
     def on_train_end(self, trainer, pl_module):
-        if trainer.global_rank == 0 and self.path.exists():
-            plot_loss_curve(self.path, self.path.with_name("loss_curve.png"))
+        if trainer.global_rank == 0:
+            self.flush(trainer)
+            if self.path.exists():
+                plot_loss_curve(self.path, self.path.with_name("loss_curve.png"))
+
+    def on_exception(self, trainer, pl_module, exception):
+        if trainer.global_rank == 0:
+            self.flush(trainer)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

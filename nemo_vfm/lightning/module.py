@@ -66,15 +66,15 @@ class DiffusionModule(L.LightningModule):
     """``model_config`` builds the network (``.build(device)``); ``objective`` is EDM or FlowMatching."""
 
     def __init__(self, model_config, objective, optim: OptimConfig | None = None, ema_decay: float | None = 0.9999,
-                 cond_dropout: float = 0.1, seed: int = 0, init_from: str | None = None, lora=None):
+                 cond_dropout: float = 0.1, seed: int = 0, lora=None):
         super().__init__()
         self.model_config, self.objective = model_config, objective
         self.optim = optim or OptimConfig()
         self.ema_decay, self.cond_dropout, self.seed = ema_decay, cond_dropout, seed
-        # fine-tuning: pretrained weights loaded in configure_model (not a resume), then LoRA adapters
-        self.init_from, self.lora = init_from, lora
+        self.lora = lora  # LoRAConfig: adapters added in configure_model, before the strategy parallelises
         self.model: torch.nn.Module | None = None
         self.ema: torch.nn.Module | None = None
+        self.step_metrics: dict = {}  # the last step's loss and logs (device tensors): see _log_step
         # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
         self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay,
                                    "lora": lora})
@@ -90,10 +90,6 @@ class DiffusionModule(L.LightningModule):
                 raise TypeError(f"pipeline parallelism needs an objective with {missing} (as EDM and FlowMatching "
                                 f"have); {type(self.objective).__name__} has not.")
         self.model = self.model_config.build()
-        if self.init_from:
-            from nemo_vfm.inference.checkpoint import load_pretrained
-
-            load_pretrained(self.model, self.init_from)
         if self.lora is not None:
             from nemo_vfm.models.common.lora import apply_lora
 
@@ -128,12 +124,52 @@ class DiffusionModule(L.LightningModule):
             loss, logs = self._pipeline_loss(x0, cond, batch.get("loss_mask"), g)
         else:
             loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
-        bs = x0.shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        for k, v in logs.items():
-            self.log(f"train/{k}", v, batch_size=bs)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
+            loss = self._add_moe_loss(loss, logs)
+        self._log_step(loss, logs, x0.shape[0])
+        self._log_router_stats(x0.shape[0])
         return loss
+
+    def _log_step(self, loss: torch.Tensor, logs: dict, batch_size: int) -> None:
+        """Log the step's scalars (Lightning reads them at log steps) and keep them, still on the device, in
+        ``step_metrics`` for per-step history without a host sync (``MetricsHistory``)."""
+        lr = self.optimizers().param_groups[0]["lr"]
+        # No prog_bar=True: Lightning would read a progress-bar value on every batch (a host sync); the
+        # progress bar (StepProgressBar) shows step_metrics at its refreshes instead.
+        self.log("train/loss", loss, batch_size=batch_size)
+        for k, v in logs.items():
+            self.log(f"train/{k}", v, batch_size=batch_size)
+        trainer = self._trainer
+        if trainer is None or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+            self.log("train/lr", lr, batch_size=batch_size)  # a Python float becomes a device tensor: a copy + sync
+        self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
+
+    def _add_moe_loss(self, loss: torch.Tensor, logs: dict) -> torch.Tensor:
+        """The objective's loss plus the MoE layers' load-balancing loss of this forward (token-choice routing);
+        the network only predicts, its MoE layers leave the term behind (``nemo_vfm.models.common.moe``)."""
+        from nemo_vfm.models.common.moe import collect_aux_loss
+
+        aux = collect_aux_loss(self.model)
+        if aux is None:
+            return loss
+        logs["moe_aux_loss"] = aux.detach()
+        return loss + aux
+
+    def _log_router_stats(self, batch_size: int) -> None:
+        """MoE router statistics (this rank's tokens) at logging steps only: device tensors, no per-step sync."""
+        connector = getattr(self.trainer, "_logger_connector", None)
+        log_step = getattr(connector, "should_update_logs", None)
+        if log_step is None:
+            log_step = (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0
+        if not log_step:
+            return
+        from nemo_vfm.models.common.moe import router_stats
+
+        stats = router_stats(self.model)
+        per_expert = stats.pop("moe/tokens_per_expert", None)
+        if per_expert is not None and per_expert.numel() <= 16:
+            stats.update({f"moe/tokens_expert_{i}": v for i, v in enumerate(per_expert)})
+        if stats:
+            self.log_dict(stats, batch_size=batch_size)
 
     def _pipeline_loss(self, x0, cond: dict, loss_mask, g) -> tuple[torch.Tensor, dict]:
         """Forward and backward through this rank's stages; the loss (sum of the micro-batch shares) and
@@ -167,10 +203,9 @@ class DiffusionModule(L.LightningModule):
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
         g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device)
         loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_segments)
-        for k, v in logs.items():
-            self.log(f"train/{k}", v, batch_size=batch.num_segments)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=batch.num_segments)
+        loss = self._add_moe_loss(loss, logs)
+        self._log_step(loss, logs, batch.num_segments)
+        self._log_router_stats(batch.num_segments)
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:

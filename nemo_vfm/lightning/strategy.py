@@ -14,6 +14,13 @@ gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads`
 clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
 distributed checkpoint format), loadable under another layout.
 
+Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
+``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
+attention first on CUDA). In a single process there is nothing to shard, so FSDP is skipped.
+
+``expert_model_parallel_size`` (EP) splits the experts of MoE layers over that many data-parallel ranks
+(it divides the FSDP ranks; ``nemo_vfm.parallel.expert_parallel``).
+
 ``float8="tensorwise"|"rowwise"`` trains the blocks' MLP (``float8_modules="all"``: every) linears in FP8
 through torchao (``nemo_vfm.parallel.float8``; not with tensor parallelism); measured gains and losses are
 in docs/benchmarks.md.
@@ -66,9 +73,11 @@ class VFMParallelStrategy(ModelParallelStrategy):
         microbatches: int | None = None,
         fsdp: bool = True,
         data_parallel_replicate_size: int = 1,
+        expert_model_parallel_size: int = 1,
         activation_checkpointing: str = "none",
         activation_checkpointing_every: int = 2,
-        compile: bool = False,
+        compile: bool | str = "auto",
+        fuse_qkv: bool = True,
         float8: str | None = None,
         float8_modules: str = "mlp",
         param_dtype: str | None = "bf16",
@@ -87,6 +96,8 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
         if activation_checkpointing not in MODES:
             raise ValueError(f"activation_checkpointing must be one of {MODES}, got {activation_checkpointing!r}.")
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto' (compile on CUDA devices only), got {compile!r}.")
         from nemo_vfm.parallel.float8 import check_float8
 
         check_float8(float8, float8_modules, tensor_model_parallel_size)  # torchao present, no TP
@@ -94,13 +105,19 @@ class VFMParallelStrategy(ModelParallelStrategy):
             tp=tensor_model_parallel_size, sequence_parallel=sequence_parallel, cp=context_parallel_size,
             cp_kind=context_parallel_kind, pp=pipeline_model_parallel_size, pp_schedule=pipeline_schedule,
             pp_microbatches=microbatches, dp_replicate=data_parallel_replicate_size, fsdp=fsdp,
+            ep=expert_model_parallel_size,
         )
+        if expert_model_parallel_size > 1 and not fsdp:
+            raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
+                             "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
         # Check the knobs against each other now (on the smallest world they fit), the world size later.
         smallest = tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size
-        ParallelDims(world_size=smallest * data_parallel_replicate_size, **{**self.layout, "dp_shard": 1})
+        ep = expert_model_parallel_size
+        ParallelDims(world_size=smallest * data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
         self.parallelize_kwargs = dict(
             activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
-            compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype, attention_backend=attention_backend,
+            compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+            attention_backend=attention_backend,
             factorized_cp=factorized_context_parallel,  # ST-DiT: "hybrid" (all-to-all + ring) or "ring"
             float8=float8, float8_modules=float8_modules,  # FP8 linears in the blocks (torchao)
         )
@@ -154,9 +171,23 @@ class VFMParallelStrategy(ModelParallelStrategy):
         if self.pipeline_parallel:
             self._check_pipeline_support(cfg)
         self._setup_distributed()
+        self._resolve_device_knobs()
         self.parallel_mesh = build_mesh(self.dims, self.root_device.type)
         self._device_mesh = self.parallel_mesh.world
         self.lightning_module._device_mesh = self._device_mesh
+
+    def _resolve_device_knobs(self) -> None:
+        """``compile="auto"``: compile on CUDA only (the CPU path stays eager); on CUDA, pick the SDPA kernel
+        for ``attention_backend`` (``auto``: cuDNN first, measured fastest; ``nemo_vfm.parallel.sdpa_backend``)."""
+        kw = self.parallelize_kwargs
+        cuda = self.root_device.type == "cuda"
+        if kw["compile"] == "auto":
+            kw["compile"] = cuda
+        if cuda:
+            from nemo_vfm.parallel.sdpa_backend import SDPA_BACKENDS, select_sdpa_backend
+
+            if kw["attention_backend"] in SDPA_BACKENDS:
+                select_sdpa_backend(kw["attention_backend"])
 
     # -- model --------------------------------------------------------------------------------------
     def _family_kwargs(self, fn) -> dict:

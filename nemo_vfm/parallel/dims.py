@@ -11,6 +11,10 @@ communication-hungry dimension) sits on neighbouring ranks (same node) and PP ac
 - ``tp``: tensor parallel (heads / MLP columns); ``sequence_parallel`` also splits the tokens
   between TP ranks outside attention and MLP.
 - ``pp``: pipeline stages of the transformer blocks.
+- ``ep``: expert parallel. Not a mesh dimension of its own: it divides ``dp_shard`` (ranks that see
+  different data). Each group of ``ep`` such ranks splits every MoE layer's experts between them and
+  exchanges tokens by all-to-all; the experts are sharded with FSDP2 over the remaining
+  ``dp_shard / ep * cp`` ranks (``nemo_vfm.parallel.expert_parallel``).
 
 Validation happens in two steps, both before any model is built: ``__post_init__`` checks the
 layout against itself and the world size; :meth:`ParallelDims.check_model` checks it against
@@ -43,11 +47,12 @@ class ParallelDims:
     pp_microbatches: int | None = None
     pp_virtual_stages: int = 1
     fsdp: bool | None = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}.")
-        for name in ("dp_replicate", "cp", "tp", "pp", "pp_virtual_stages"):
+        for name in ("dp_replicate", "cp", "tp", "pp", "pp_virtual_stages", "ep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.dp_shard == 0 or self.dp_shard < -1:
@@ -71,13 +76,21 @@ class ParallelDims:
                 f"layout pp*dp_replicate*dp_shard*cp*tp = {self.pp}*{self.dp_replicate}*{self.dp_shard}*"
                 f"{self.cp}*{self.tp} = {product} does not match world size {self.world_size}; make them equal."
             )
-        if self.fsdp is None:
+        if self.fsdp is None or self.world_size == 1:
+            # one process: nothing to shard over, FSDP would only add copies (and its bf16 weight casts)
             self.fsdp = self.dp_shard > 1
         if self.dp_shard > 1 and not self.fsdp:
             raise ValueError(
                 f"dp_shard={self.dp_shard} shards parameters, which needs fsdp=True; set fsdp=True or "
                 f"use dp_replicate={self.dp_replicate * self.dp_shard} for plain data parallel."
             )
+        if self.ep > 1 and self.dp_shard % self.ep:
+            raise ValueError(f"expert parallel size ep={self.ep} must divide the data-parallel shard size dp_shard="
+                             f"{self.dp_shard} (world {self.world_size} / (dp_replicate*cp*tp*pp)); change ep or the "
+                             f"number of processes.")
+        if self.ep > 1 and self.dp_replicate > 1:
+            raise NotImplementedError("expert parallelism with data_parallel_replicate_size > 1 (HSDP) is not "
+                                      "supported; use dp_replicate=1 (FSDP over the remaining ranks).")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel=True needs tp > 1 (tensor_model_parallel_size); set tp or turn it off.")
         if self.pp_schedule == "interleaved" and self.pp > 1 and self.pp_virtual_stages < 2:
@@ -141,11 +154,17 @@ class ParallelDims:
         """How many pieces each sample's token sequence is cut into (cp, times tp under SP)."""
         return self.cp * (self.tp if self.sequence_parallel else 1)
 
+    def ep_mesh_shape(self) -> tuple[int, ...]:
+        """Shape of the expert mesh ``(pp, dp_shard / ep, cp, ep, tp)`` (same ranks as the main mesh)."""
+        return (self.pp, self.dp_shard // self.ep, self.cp, self.ep, self.tp)
+
     def mesh_shape(self) -> tuple[int, ...]:
         return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
     def describe(self) -> str:
         parts = [f"{n}={s}" for n, s in zip(MESH_DIMS, self.mesh_shape()) if s > 1]
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.cp > 1:

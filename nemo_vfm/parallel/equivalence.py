@@ -121,14 +121,20 @@ def _rows(problem: dict, sl: slice, device) -> dict:
 
 
 def forward_loss(model, b: dict) -> torch.Tensor:
-    """The loss of batch ``b`` (from :func:`_rows`) under ``model``: mean over samples, or over packed tokens."""
+    """The loss of batch ``b`` (from :func:`_rows`) under ``model``: mean over samples, or over packed tokens;
+    plus the MoE layers' load-balancing loss when there is one."""
+    from nemo_vfm.models.common.moe import collect_aux_loss
+
     if "packed" in b:
         x_in = b["x_noisy"] * b["c_in"][:, None]
         out = model(x_in, b["c_noise"], context=b["context"], packed=b["packed"])
-        return packed_loss(out, b)
-    x_in, cond = _net_inputs(b)
-    out = model(x_in, b["c_noise"], **cond)
-    return per_sample_loss(out, b, torch.arange(x_in.shape[0], device=x_in.device)).mean()
+        loss = packed_loss(out, b)
+    else:
+        x_in, cond = _net_inputs(b)
+        out = model(x_in, b["c_noise"], **cond)
+        loss = per_sample_loss(out, b, torch.arange(x_in.shape[0], device=x_in.device)).mean()
+    aux = collect_aux_loss(model)
+    return loss if aux is None else loss + aux
 
 
 def plan_of(cfg):

@@ -8,7 +8,10 @@ the gradient of the single-process loss (averaged over data-parallel ranks):
    this rank's heads (per-head QK-norm weights).
 2. *Pipeline-duplicated* parameters (the conditioning embedders that every stage runs) are summed
    over PP.
-3. Without FSDP, all gradients are averaged over ``dp_cp`` (data-parallel and CP ranks; CP ranks
+3. Expert weights under expert parallelism (``ep > 1``) hold the sum of every EP rank's local-loss
+   gradient (their all-to-all brings all ranks' tokens); FSDP averaged them over ``ep_fsdp``, so
+   dividing by ``ep`` gives the data-parallel mean.
+4. Without FSDP, all gradients are averaged over ``dp_cp`` (data-parallel and CP ranks; CP ranks
    carry gradients pre-scaled by ``cp`` by the token gather, so the average is their sum).
 
 Parameters are recognised by name (wrapper prefixes such as ``_checkpoint_wrapped_module.`` and
@@ -90,6 +93,12 @@ def sync_grads(
     if dims.pp > 1 and pp_duplicated:
         dup = [_local(p.grad) for n, p in named if _matches(n, pp_duplicated)]
         _all_reduce_flat(dup, pmesh.group("pp"), dist.ReduceOp.SUM)
+    if getattr(dims, "ep", 1) > 1:
+        from nemo_vfm.parallel.expert_parallel import is_expert_param
+
+        for _, p in named:
+            if is_expert_param(p):
+                _local(p.grad).div_(dims.ep)
     if not fsdp and pmesh.size("dp_cp") > 1:
         n = pmesh.size("dp_cp")
         grads = [_local(p.grad) for _, p in named]
@@ -118,24 +127,27 @@ def total_grad_norm(
 
     ``model``: the module, or this rank's pipeline stage modules. Each rank adds its local squared
     norms divided by the number of ranks holding the same piece, and one all-reduce over the world
-    sums them. Duplicated conditioning parameters count once.
+    sums them. Duplicated conditioning parameters count once. The local norms are multi-tensor
+    (``torch._foreach_norm``) kernels, one per (device, dtype, weight) group, and nothing waits for the host.
     """
     modules = model if isinstance(model, (list, tuple)) else [model]
-    device = None
-    sq = None
+    groups: dict[tuple, list[torch.Tensor]] = {}  # (device, dtype, 1 / copies) -> local gradients
     for mod in modules:
         for n, p in mod.named_parameters():
             if p.grad is None:
                 continue
             g = _local(p.grad)
-            device = g.device
             dup = _matches(clean_name(n), pp_duplicated)
-            term = g.float().pow(2).sum() / (_copies(p, pmesh, dup) * (len(modules) if dup else 1))
-            sq = term if sq is None else sq + term
-    if sq is None:
-        sq = torch.zeros((), device=device or torch.device(pmesh.device_type))
-    sq = sq.to(torch.float64)
-    dist.all_reduce(sq, op=dist.ReduceOp.SUM)
+            weight = 1.0 / (_copies(p, pmesh, dup) * (len(modules) if dup else 1))
+            groups.setdefault((g.device, g.dtype, weight), []).append(g)
+    terms = []
+    for (device, _, weight), grads in groups.items():
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)  # fp32 norms of bf16 gradients too
+        terms.append(torch.stack(norms).to(torch.float64).pow(2).sum().to(device) * weight)
+    device = next(iter(groups))[0] if groups else torch.device(pmesh.device_type)
+    sq = torch.stack(terms).sum() if terms else torch.zeros((), dtype=torch.float64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM)
     return sq.sqrt().float()
 
 
@@ -143,13 +155,18 @@ def total_grad_norm(
 def clip_grad_norm_(
     model: nn.Module | list[nn.Module], max_norm: float, pmesh: ParallelMesh, *, pp_duplicated: tuple[str, ...] = ()
 ) -> torch.Tensor:
-    """Scale all gradients so that their global norm is at most ``max_norm``; return the norm before."""
+    """Scale all gradients so that their global norm is at most ``max_norm``; return the norm before.
+    One multi-tensor scale per (device, dtype) group; the coefficient stays on the device (no host sync)."""
     norm = total_grad_norm(model, pmesh, pp_duplicated=pp_duplicated)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    groups: dict[tuple, list[torch.Tensor]] = {}
     for mod in model if isinstance(model, (list, tuple)) else [model]:
         for p in mod.parameters():
             if p.grad is not None:
-                _local(p.grad).mul_(coef.to(_local(p.grad).device))
+                g = _local(p.grad)
+                groups.setdefault((g.device, g.dtype), []).append(g)
+    for (device, _), grads in groups.items():
+        torch._foreach_mul_(grads, coef.to(device))
     return norm
 
 

@@ -8,6 +8,12 @@
 | ``dp`` | see different data (dp_replicate x dp_shard, flattened) |
 | ``dp_cp`` | hold the same parameters within a pipeline stage and tensor-parallel rank |
 | ``fsdp`` | shard parameters together: (dp_shard x cp), or (dp_replicate, dp_shard x cp) for HSDP |
+| ``ep`` | split the experts of each MoE layer (ep > 1 only; part of dp_shard) |
+| ``ep_fsdp`` | hold the same experts: (dp_shard / ep x cp); expert weights are FSDP-sharded over them |
+
+The expert meshes come from a second root mesh over the same ranks, ``(pp, dp_shard / ep, cp, ep, tp)``
+(``dp_shard`` split into an outer part and ``ep``), so that ``ep_fsdp`` and ``ep`` share a parent, as FSDP2
+asks of a sharded parameter's two meshes.
 
 Flattened meshes are kept here (not looked up from the root mesh), as torch >= 2.11 asks.
 """
@@ -70,4 +76,15 @@ def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> ParallelMesh:
         subs["fsdp"] = world["dp_replicate", "dp_shard_cp"]
     else:
         subs["fsdp"] = shard_cp
+    if dims.ep > 1:
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        pp, dpo, cp, ep, tp = dims.ep_mesh_shape()
+        # rank = ((((pp * dp_shard) + dp_shard_index) * cp + cp_index) * tp + tp_index), dp_shard_index = o * ep + e
+        ranks = torch.arange(dims.world_size).view(pp, dpo, ep, cp, tp).permute(0, 1, 3, 2, 4).contiguous()
+        emesh = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "dp_shard_mod_ep", "cp", "ep", "tp"))
+        subs["ep"] = emesh["ep"]
+        subs["ep_fsdp"] = emesh["dp_shard_mod_ep", "cp"]._flatten("ep_fsdp")
+        subs["ep_root"] = emesh
     return ParallelMesh(dims=dims, world=world, subs=subs)

@@ -83,3 +83,33 @@ def test_vlm_captions_with_a_local_model(tmp_path):
     (out,), _ = run_stage(stage, task)
     assert out.status == "ok", out.reason
     assert isinstance(out.caption, str) and set(out.caption.split()) <= set(words)  # random weights: random words
+
+
+def test_frames_embedding_calibration_for_dedup():
+    """Re-encoded or slightly trimmed copies score >= the default dedup threshold; other clips do not."""
+    import io
+
+    import av
+
+    from nemo_vfm.curation.config import CurationConfig
+    from nemo_vfm.curation.embed import frames_embedding
+    from nemo_vfm.curation.transcode import encode_mp4, thumbnails
+    from nemo_vfm.data.synthetic_video import ShapeClipSpec, render_shape_clip
+
+    def clip(shape="circle", motion="right", start=(0.3, 0.5), n=26):
+        spec = ShapeClipSpec(num_frames=n, height=96, width=128, speed=0.04, size=0.4)
+        return render_shape_clip(spec, shape, "yellow", "gray", motion, start)
+
+    def emb(frames):
+        return frames_embedding(thumbnails(frames, 48))
+
+    base = clip()[1:25]
+    with av.open(io.BytesIO(encode_mp4(base, 24.0, crf=30))) as c:
+        reencoded = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    thr = CurationConfig().dedup_threshold
+    near = {"reencoded": emb(reencoded), "trimmed": emb(clip()[:24]), "same": emb(clip()[1:25])}
+    far = {"other_way": emb(clip(motion="left")[1:25]), "other_shape": emb(clip("square", "down")[1:25]),
+           "shifted": emb(clip(start=(0.45, 0.5))[1:25])}
+    e = emb(base)
+    assert all(float(e @ v) >= thr for v in near.values()), {k: float(e @ v) for k, v in near.items()}
+    assert all(float(e @ v) < thr for v in far.values()), {k: float(e @ v) for k, v in far.items()}

@@ -20,19 +20,21 @@ def _moving(speed=0.04):
 
 
 def test_metrics_tell_moving_static_black_apart():
-    moving, static = clip_metrics(_moving(), 0.06, 5e-4), clip_metrics(_moving(0.0), 0.06, 5e-4)
-    black = clip_metrics(np.zeros((24, 32, 48, 3), np.uint8), 0.06, 5e-4)
-    assert moving["motion"] > 0.005 and static["motion"] == 0 and static["frozen_fraction"] == 1
+    moving, static = clip_metrics(_moving()), clip_metrics(_moving(0.0))
+    black = clip_metrics(np.zeros((24, 32, 48, 3), np.uint8))
+    assert moving["motion"] > 0.005 and moving["moving_area"] > 0.01 and moving["frozen_fraction"] == 0
+    assert static["motion"] == 0 and static["moving_area"] == 0 and static["frozen_fraction"] == 1
     assert black["black_fraction"] == 1 and moving["black_fraction"] == 0
 
 
 def test_filter_reasons():
-    f = FilterStage(min_motion=0.002)
+    f = FilterStage()
     assert f.process(_task(_moving()))[0].status == "ok"
     assert f.process(_task(_moving(0.0)))[0].reason.startswith("static")
     assert f.process(_task(np.zeros((24, 32, 48, 3), np.uint8)))[0].reason.startswith("black")
     half_frozen = np.concatenate([_moving()[:6], np.repeat(_moving()[6:7], 18, axis=0)])
     assert FilterStage(min_motion=0.0).process(_task(half_frozen))[0].reason.startswith("frozen_frames")
+    assert f.process(_task(half_frozen))[0].scores["frozen_fraction"] > 0.5
     assert FilterStage(min_duration_s=3.0).process(_task(_moving()))[0].reason.startswith("too_short")
     assert FilterStage(min_height=100).process(_task(_moving()))[0].reason.startswith("low_resolution")
 

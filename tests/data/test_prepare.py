@@ -56,7 +56,7 @@ def test_corrupt_input_recorded_and_crash_resume(tmp_path, raw_dir):
     assert unrecorded["shard"] in {e["shard"] for e in map(json.loads, manifest.read_text().splitlines())}
     assert (out / ".nv-meta" / "dataset.yaml").is_file()
     third = prepare_folder(raw, out)
-    assert third.written == 0 and third.skipped_done == 14  # 12 samples + 2 recorded failures
+    assert third.written == 0 and third.skipped_done == 12 and third.skipped_failed == 2  # unchanged failures
 
 
 def test_torchrun_splits_inputs_over_ranks(tmp_path, raw_dir):

@@ -117,7 +117,7 @@ def test_packed_training_loss_backward():
 
 
 def test_flavors_and_errors():
-    assert FLAVORS["30b"]["num_kv_heads"] == 8 and FLAVORS["30b"]["ffn_size"] == 16384
+    assert moviegen_config("30b").num_kv_heads == 48 and FLAVORS["30b"]["ffn_size"] == 16384  # the paper's shape
     assert moviegen_config("MovieGen-5B").num_layers == 32 and moviegen_config("1b").num_heads == 32
     assert moviegen_config("3b").num_kv_heads == 24
     with pytest.raises(ValueError, match="unknown MovieGen flavor"):
@@ -135,7 +135,7 @@ def test_layout_check_names_the_problem():
     from nemo_vfm.parallel.dims import ParallelDims
 
     with pytest.raises(ValueError, match="num_kv_heads=8"):
-        check_layout(moviegen_config("30b"), ParallelDims(world_size=16, tp=16))
+        check_layout(moviegen_config("30b", num_kv_heads=8), ParallelDims(world_size=16, tp=16))
     check_layout(moviegen_config("30b"), ParallelDims(world_size=64, tp=8), (32, 32, 32))
     with pytest.raises(ValueError, match="pipeline stages"):
         check_layout(moviegen_config("tiny", num_layers=3), ParallelDims(world_size=2, pp=2))

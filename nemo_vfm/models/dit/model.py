@@ -29,6 +29,7 @@ from nemo_vfm.models.common.embeddings import (
     unpatchify,
 )
 from nemo_vfm.models.common.mlp import build_mlp
+from nemo_vfm.models.common.moe import MoE, MoEConfig
 from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "sincos2d", "none")
@@ -56,6 +57,7 @@ class DiTConfig:
     learned_sigma: bool = False
     timestep_scale: float = 1000.0
     norm_eps: float = 1e-6
+    moe: MoEConfig | None = None  # mixture-of-experts feed-forward in every moe.every-th block (SwiGLU experts)
 
     def __post_init__(self):
         self.patch_size = tuple(self.patch_size)
@@ -96,7 +98,7 @@ class DiTBlock(nn.Module):
     """adaLN-Zero block: self-attention, optional cross-attention, MLP; each sub-layer is
     ``x + gate * sublayer(modulate(norm(x), shift, scale))`` (cross-attention: 9 chunks, else 6)."""
 
-    def __init__(self, cfg: DiTConfig):
+    def __init__(self, cfg: DiTConfig, layer: int = 0):
         super().__init__()
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.has_cross = cfg.context_dim is not None
@@ -106,7 +108,8 @@ class DiTBlock(nn.Module):
             self.norm_cross = nn.LayerNorm(d, elementwise_affine=False, eps=eps)
             self.cross_attn = CrossAttention(d, cfg.context_dim, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps)
         self.norm2 = nn.LayerNorm(d, elementwise_affine=False, eps=eps)
-        self.mlp = build_mlp(cfg.mlp, d, cfg.ffn_size)
+        moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
+        self.mlp = MoE(cfg.moe, d) if moe else build_mlp(cfg.mlp, d, cfg.ffn_size)
         self.adaln = AdaLNModulation(d, 9 if self.has_cross else 6, cfg.adaln_lora_rank)
 
     def forward(self, x_BSD: torch.Tensor, c: torch.Tensor, rope=None, context=None, context_mask=None,
@@ -144,7 +147,7 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(cfg.num_classes, d) if cfg.num_classes > 0 else None
         self.shared_adaln = SharedAdaLN(d) if cfg.adaln_lora_rank > 0 else None
         self.rope = RoPE3D(cfg.head_dim, cfg.rope_theta, cfg.rope_base_fps) if cfg.pos_embed == "rope3d" else None
-        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(DiTBlock(cfg, i) for i in range(cfg.num_layers))
         self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps)
 
     # -- pieces, so that pipeline/context parallelism can call them separately ------------------------

@@ -38,6 +38,7 @@ from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.expert_parallel import check_moe
 from nemo_vfm.parallel.float8 import apply_float8, check_float8
 from nemo_vfm.parallel.fsdp import apply_fsdp
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -59,6 +60,10 @@ TP_PARTIAL = ("blocks.*.q_norm.weight", "blocks.*.k_norm.weight")  # per-head no
 PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln.*")  # every stage has them
 BLOCK_TOKEN_ARGS = ("x_BSD",)  # block arguments that are token streams (split once, before block 0)
 BLOCK_PER_TOKEN_COND = ("c", "shared_adaln")  # split when per-token (B, S, D), kept when (B, D)
+# Block paths that are mixture-of-experts layers when the config has ``moe``: no TP on them (their experts are
+# split by expert parallelism, the router and shared experts are replicated), and under SP they keep their local
+# tokens (no gather); their routing sees the whole sequence through the CP/SP groups.
+MOE_MODULES = ("mlp",)
 
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
@@ -74,6 +79,7 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         t, h, w = latent_shape
         tokens = (t // pt) * (h // ph) * (w // pw)
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=dims.pp == 1)
+    check_moe(cfg, dims)
 
 
 KEEP = object()  # a block argument that passes through unchanged
@@ -146,6 +152,14 @@ class _TokenParallel:
         if self.views is not None and self.views.pad:
             x = x.narrow(dim, 0, self.views.num_tokens)
         return x
+
+    def valid_local(self, n_local: int, device) -> torch.Tensor | None:
+        """Which of this rank's ``n_local`` (CP x SP-local) tokens are real, not padding (None = all)."""
+        v = self.views
+        if v is None or not v.pad:
+            return None
+        start = (self.cp_rank * self.sp + self.sp_rank) * n_local
+        return torch.arange(start, start + n_local, device=device) < v.num_tokens
 
     def _local(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """This rank's slice of an index tensor (no autograd)."""
@@ -244,6 +258,29 @@ def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
     model.final_layer.register_forward_hook(lambda mod, args, out: tok.gather(out))
 
 
+def _moe_layers(block: nn.Module) -> list:
+    from nemo_vfm.models.common.moe import MoE
+
+    return [m for path in MOE_MODULES if isinstance(m := getattr(block, path, None), MoE)]
+
+
+def _prepare_moe(blocks, pmesh: ParallelMesh, tok: _TokenParallel | None) -> list:
+    """Tell each MoE layer which groups split its sequences (CP, SP) and where padding is; split its
+    experts over the ``ep`` ranks. Returns the MoE layers."""
+    d = pmesh.dims
+    groups = tuple(pmesh.group(n) for n, on in (("cp", d.cp > 1), ("tp", d.sequence_parallel)) if on)
+    layers = [m for b in blocks for m in _moe_layers(b)]
+    for m in layers:
+        m.seq_groups, m.aux_grad_scale = groups, float(d.cp)
+        if tok is not None:
+            m.valid_fn = tok.valid_local
+    if d.ep > 1:
+        from nemo_vfm.parallel.expert_parallel import apply_expert_parallel
+
+        apply_expert_parallel(layers, pmesh)
+    return layers
+
+
 def _replace_cores(blocks, pmesh: ParallelMesh, backend: str, cores: tuple[str, ...] = SELF_ATTENTION_CORES) -> None:
     d = pmesh.dims
     for block in blocks:
@@ -261,6 +298,7 @@ def parallelize_dit(
     activation_checkpointing: str = "none",
     ac_every: int = 2,
     compile: bool = False,
+    fuse_qkv: bool = False,
     param_dtype: str | None = "bf16",
     reduce_dtype: str | None = "fp32",
     attention_backend: str = "auto",
@@ -276,6 +314,7 @@ def parallelize_dit(
     """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
 
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
+    ``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
     ``check``, ``tp_plan``, ``sp_input_arity``, ``self_attention_cores``: the family's own (MovieGen's and Wan's
     blocks follow the DiT layout).
@@ -288,19 +327,33 @@ def parallelize_dit(
     blocks = model.blocks
     owned = [b for b in blocks if not isinstance(b, nn.Identity)]
     if d.tp > 1:
-        apply_tensor_parallel(owned, pmesh.get("tp"), tp_plan, sequence_parallel=d.sequence_parallel,
-                              sp_input_arity=sp_input_arity)
+        moe_blocks = [b for b in owned if _moe_layers(b)]
+        dense_plan = {k: v for k, v in tp_plan.items() if k.split(".")[0] not in MOE_MODULES}
+        for part, plan in (([b for b in owned if b not in moe_blocks], tp_plan), (moe_blocks, dense_plan)):
+            apply_tensor_parallel(part, pmesh.get("tp"), plan, sequence_parallel=d.sequence_parallel,
+                                  sp_input_arity=sp_input_arity)
     if d.cp > 1:
         _replace_cores(owned, pmesh, attention_backend, self_attention_cores)
+    tok = None
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
-        _install_token_hooks(model, _TokenParallel(pmesh, pad=True))
+        tok = _TokenParallel(pmesh, pad=True)
+        _install_token_hooks(model, tok)
+    moe_layers = _prepare_moe(owned, pmesh, tok)
     if float8:
         apply_float8(nn.ModuleList(owned), float8, float8_modules)
+    for block in owned:
+        if hasattr(getattr(block, "attn", None), "fuse_qkv"):
+            block.attn.fuse_qkv = fuse_qkv
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)
     if d.fsdp:
         owned = [b for b in blocks if not isinstance(b, nn.Identity)]
+        if d.ep > 1:  # experts first: their own FSDP units over the ranks that hold the same experts
+            from nemo_vfm.parallel.expert_parallel import apply_expert_fsdp
+
+            apply_expert_fsdp(moe_layers, pmesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                              reshard_after_forward=reshard_after_forward)
         apply_fsdp(model, owned, pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                    reshard_after_forward=reshard_after_forward)
     return model

@@ -5,11 +5,13 @@
 | 1b | 16 | 2048 | 32 | 32 | 8192 |
 | 3b | 28 | 3072 | 24 | 24 | 8192 |
 | 5b | 32 | 3072 | 24 | 24 | 8192 |
-| 30b | 48 | 6144 | 48 | 8 | 16384 |
+| 30b | 48 | 6144 | 48 | 48 | 16384 |
 | tiny | 2 | 64 | 4 | 2 | 128 (tests) |
 
-Parameters with 4096-dim text cross-attention: 1.52B, 4.49B, 5.12B, 25.1B (the published 30B also
-counts MovieGen's three text encoders' projections and a different text width).
+Parameters with 4096-dim text cross-attention: 1.52B, 4.49B, 5.12B, 28.1B; without it 1.11B, 3.26B, 3.71B,
+22.1B (NeMo's DiT-Llama 1B and 3B are named by the latter). 30B is the MovieGen paper's shape (48 layers,
+6144 hidden, FFN 16384, 48 heads, no key/value grouping); the published ~30B also counts the text
+projections at model width. ``num_kv_heads=8`` gives NeMo's grouped-query variant (25.1B).
 """
 
 from nemo_vfm.models.moviegen.model import MovieGenConfig
@@ -19,7 +21,7 @@ FLAVORS: dict[str, dict] = {
     "1b": dict(num_layers=16, hidden_size=2048, num_heads=32, ffn_size=8192),
     "3b": dict(num_layers=28, hidden_size=3072, num_heads=24, ffn_size=8192),
     "5b": dict(num_layers=32, hidden_size=3072, num_heads=24, ffn_size=8192),
-    "30b": dict(num_layers=48, hidden_size=6144, num_heads=48, num_kv_heads=8, ffn_size=16384),
+    "30b": dict(num_layers=48, hidden_size=6144, num_heads=48, ffn_size=16384),  # the MovieGen paper's shape
 }
 
 

@@ -36,6 +36,7 @@ from nemo_vfm.models.common.embeddings import (
     unpatchify,
 )
 from nemo_vfm.models.common.mlp import SwiGLU
+from nemo_vfm.models.common.moe import MoE, MoEConfig
 from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
 
 
@@ -58,6 +59,7 @@ class MovieGenConfig:
     learned_sigma: bool = False
     timestep_scale: float = 1000.0
     norm_eps: float = 1e-6
+    moe: MoEConfig | None = None  # mixture-of-experts feed-forward in every moe.every-th block
 
     def __post_init__(self):
         self.patch_size, self.max_grid = tuple(self.patch_size), tuple(self.max_grid)
@@ -130,7 +132,7 @@ class GQAttention(nn.Module):
 
 
 class MovieGenBlock(nn.Module):
-    def __init__(self, cfg: MovieGenConfig):
+    def __init__(self, cfg: MovieGenConfig, layer: int = 0):
         super().__init__()
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.has_cross = cfg.context_dim is not None
@@ -140,7 +142,8 @@ class MovieGenBlock(nn.Module):
             self.norm_cross = nn.RMSNorm(d, eps=eps)
             self.cross_attn = CrossAttention(d, cfg.context_dim, cfg.num_heads, qk_norm=cfg.qk_norm, bias=False, eps=eps)
         self.norm2 = nn.RMSNorm(d, eps=eps, elementwise_affine=False)
-        self.mlp = SwiGLU(d, cfg.ffn_size)
+        moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
+        self.mlp = MoE(cfg.moe, d) if moe else SwiGLU(d, cfg.ffn_size)
         self.scale_shift_table = nn.Parameter(torch.empty(6, d))
 
     def forward(self, x_BSD: torch.Tensor, c: torch.Tensor, context=None, context_mask=None, attn_mask=None,
@@ -179,7 +182,7 @@ class MovieGen(nn.Module):
         self.fps_embedder = TimestepEmbedder(d) if cfg.fps_embed else None
         self.y_embedder = LabelEmbedder(cfg.num_classes, d) if cfg.num_classes > 0 else None
         self.t_block = nn.Linear(d, 6 * d)  # adaLN-single: shared by all blocks
-        self.blocks = nn.ModuleList(MovieGenBlock(cfg) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(MovieGenBlock(cfg, i) for i in range(cfg.num_layers))
         self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps, norm="rms")
 
     def positions(self, pos_ids: torch.Tensor) -> torch.Tensor:

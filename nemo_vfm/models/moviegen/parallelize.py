@@ -27,6 +27,7 @@ from nemo_vfm.models.dit.parallelize import (
     stage_layers,
 )
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.expert_parallel import check_moe
 from nemo_vfm.parallel.mesh import ParallelMesh
 
 TP_PLAN: dict[str, str] = {
@@ -55,6 +56,7 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
             tokens *= n // p
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens,
                      pad_tokens=dims.pp == 1)  # padded under CP/SP, as for the DiT
+    check_moe(cfg, dims)
 
 
 # TP/SP, CP, FP8, activation checkpointing, compile and FSDP as for the DiT, with MovieGen's checks and TP plan

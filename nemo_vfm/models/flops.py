@@ -1,4 +1,5 @@
-"""Analytic FLOP count of a DiT training step: matmuls and attention, recomputation not counted.
+"""Analytic FLOP count of a DiT training step (matmuls and attention, recomputation not counted), for
+the step log's TFLOP/s and MFU and for the benchmarks.
 
 One multiply-add is 2 FLOPs. A training step is forward + backward = 3x the forward FLOPs (backward
 computes the gradients of both the inputs and the weights of every matmul); activation checkpointing
@@ -93,3 +94,13 @@ def dit_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | N
 def mfu(flops_per_step: float, step_seconds: float, peak: float) -> float:
     """Model FLOPs utilisation: achieved FLOP/s over ``peak`` TFLOP/s (a fraction)."""
     return flops_per_step / step_seconds / (peak * 1e12)
+
+
+def train_step_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | None = None) -> float | None:
+    """Model FLOPs of one training step (forward + backward) of ``cfg`` on these samples; None for model
+    families without an analytic count here (only the DiT family has one)."""
+    from nemo_vfm.models.dit.model import DiTConfig
+
+    if not isinstance(cfg, DiTConfig):
+        return None
+    return dit_forward_flops(cfg, seq_lens, text_lens if cfg.context_dim is not None else None).train_step

@@ -1,9 +1,9 @@
 """The analytic FLOP counter against hand counts."""
 
 import pytest
-from flops import dit_forward_flops, mfu, peak_tflops
 
 from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
+from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops
 
 
 def test_dit_xl2_matches_the_paper():

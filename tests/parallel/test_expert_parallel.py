@@ -1,0 +1,109 @@
+"""Mixture-of-experts layouts train like one process: expert parallelism (all-to-all dispatch, experts split
+over ranks) alone and with FSDP2, TP (dense layers), CP and SP; expert choice and token choice (top-k with
+its load-balancing loss). Losses, gradient norms, gradients (3 steps) and weights, as in test_layouts."""
+
+import pytest
+from gloo_launcher import run_distributed
+
+from nemo_vfm.models.common.moe import MoEConfig
+from nemo_vfm.parallel import equivalence as E
+
+ROUTINGS = {
+    "ec": dict(routing="expert_choice", capacity_factor=1.5, num_shared_experts=1),
+    "topk": dict(routing="top_k", top_k=2, aux_loss_coef=0.1),
+}
+LAYOUTS_2 = {  # (routing, dims)
+    "EP2 expert-choice": ("ec", dict(ep=2)),
+    "EP2 top-k": ("topk", dict(ep=2)),
+    "CP2 expert-choice (no EP)": ("ec", dict(cp=2)),
+    "CP2 top-k (no EP)": ("topk", dict(cp=2)),
+    "SP+TP2 top-k": ("topk", dict(tp=2, sequence_parallel=True)),
+    "SP+TP2 expert-choice": ("ec", dict(tp=2, sequence_parallel=True)),
+    "PP2 expert-choice (no EP)": ("ec", dict(pp=2)),
+    # 3 x 2 x 6 latents = 9 tokens: padded to 10 under CP2 (the pad token is never routed)
+    "CP2 expert-choice, padded": ("ec_pad", dict(cp=2)),
+    "CP2 top-k, padded": ("topk_pad", dict(cp=2)),
+}
+LAYOUTS_4 = {
+    "EP2xFSDP2 expert-choice": ("ec", dict(ep=2)),
+    "EP2xFSDP2 top-k": ("topk", dict(ep=2)),
+    "EP4 top-k": ("topk", dict(ep=4)),
+    "EP2xTP2 expert-choice": ("ec", dict(ep=2, tp=2)),
+    "EP2xSP+TP2 top-k": ("topk", dict(ep=2, tp=2, sequence_parallel=True)),
+    "EP2xCP2 top-k": ("topk", dict(ep=2, cp=2)),
+    "PP2xEP2 expert-choice": ("ec", dict(pp=2, ep=2)),
+}
+
+
+def moe_config(routing: str):
+    routing = routing.removesuffix("_pad")
+    return E.tiny_config(moe=MoEConfig(num_experts=4, expert_ffn_size=32, every=2, gemm="loop", **ROUTINGS[routing]))
+
+
+def problem(routing: str):
+    cfg = moe_config(routing)
+    return cfg, E.make_problem(cfg, latent=(3, 2, 6) if routing.endswith("_pad") else (2, 4, 4))
+
+
+def _worker(rank, world, layouts):
+    from nemo_vfm.parallel.dims import ParallelDims
+
+    out = {}
+    for name, (routing, kw) in layouts.items():
+        cfg, prob = problem(routing)
+        out[name] = E.run_layout(cfg, prob, ParallelDims(world_size=world, **kw))
+    return out
+
+
+@pytest.fixture(scope="module")
+def references():
+    refs = {}
+    for routing in (*ROUTINGS, "ec_pad", "topk_pad"):
+        refs[routing] = E.run_reference(*problem(routing))
+    return refs
+
+
+def _check(results, references, layouts):
+    failures = {}
+    for name, (routing, _) in layouts.items():
+        errs = E.compare(references[routing], E.merge_ranks([r[name] for r in results]))
+        if not (errs["loss"] < 1e-5 and errs["norm"] < 1e-5 and errs["grads"] < 1e-4 and errs["params"] < 1e-5):
+            failures[name] = errs
+    assert not failures, failures
+
+
+def test_moe_reference_has_aux_loss_and_expert_gradients(references):
+    ref = references["topk"]
+    assert all(g["blocks.1.mlp.experts.w1"].abs().sum() > 0 for g in ref["grads"])
+    assert all(g["blocks.1.mlp.router.weight"].abs().sum() > 0 for g in ref["grads"])
+    assert "blocks.0.mlp.fc1.weight" in ref["params"]  # every=2: block 0 dense, block 1 MoE
+
+
+def test_two_process_moe_layouts_match_single_process(references):
+    _check(run_distributed(_worker, 2, LAYOUTS_2), references, LAYOUTS_2)
+
+
+@pytest.mark.slow
+def test_four_process_moe_layouts_match_single_process(references):
+    _check(run_distributed(_worker, 4, LAYOUTS_4), references, LAYOUTS_4)
+
+
+def test_bad_expert_layouts_fail_before_building():
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.expert_parallel import check_moe
+
+    with pytest.raises(ValueError, match="ep=3 must divide"):
+        ParallelDims(world_size=4, ep=3)
+    with pytest.raises(NotImplementedError, match="HSDP"):
+        ParallelDims(world_size=4, dp_replicate=2, dp_shard=2, ep=2)
+    with pytest.raises(ValueError, match="fsdp=True"):
+        VFMParallelStrategy(expert_model_parallel_size=2, fsdp=False)
+    assert VFMParallelStrategy(expert_model_parallel_size=4).layout["ep"] == 4
+    with pytest.raises(ValueError, match="num_experts=4 is not divisible"):
+        check_moe(moe_config("ec"), ParallelDims(world_size=6, ep=3))
+    with pytest.raises(NotImplementedError, match="pipeline"):
+        check_moe(moe_config("topk"), ParallelDims(world_size=2, pp=2))
+    with pytest.warns(UserWarning, match="no effect"):
+        check_moe(E.tiny_config(), ParallelDims(world_size=2, ep=2))
+    assert "ep=2" in ParallelDims(world_size=4, ep=2).describe()
