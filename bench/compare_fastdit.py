@@ -9,10 +9,11 @@ uses gradient checkpointing, ``train_options/models_original.py``, the same mode
 Fast-DiT's step is its ``train.py`` loop on pre-extracted latents: DDPM ``training_losses`` (MSE +
 VB term, learned sigma), the model under bf16 autocast with fp32 outputs (what
 ``accelerate --mixed_precision bf16`` does), AdamW (lr 1e-4, no weight decay), then its per-parameter
-EMA update. It is timed at batch 128 and 256, with and without its checkpointing. Ours is
-``bench/train_throughput.py``'s step (flow matching, fused AdamW, EMA) on ``original_dit_config('xl')``
-(28 layers, 1152 hidden, 16 heads, patch 2, learned sigma) with the speed knobs named per variant.
-Latents are random ``(B, 4, 32, 32)`` on the GPU for both (data loading is not part of the step).
+EMA update. It is timed at batch 128 and 256, with and without its checkpointing, on random latents already
+on the GPU (no data loading). Ours is what a user runs: ``launchers/train.py --factory pretrain_xl2_256``
+(28 layers, 1152 hidden, 16 heads, patch 2, learned sigma, EDM, fused AdamW, gradient clipping, EMA, its
+data loader included) at the recipe's settings, timed from its step log (``bench/recipe_throughput.py``).
+``--bench-step`` adds ``bench/train_throughput.py``'s bare step of the same model for reference.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from recipe_throughput import RecipeCase, run_recipe  # noqa: E402
 from train_throughput import BenchSettings, environment, run_case, set_sdpa_backend, time_steps, write_json  # noqa: E402
 
 from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
@@ -118,18 +120,11 @@ def _xl_cfg():
     return original_dit_config("xl")
 
 
-def our_cases(batches: list[int], steps: int, warmup: int) -> list[BenchSettings]:
-    """Our variants: bf16 weights (fp32 master) or amp, compiled blocks, cuDNN attention, fused q/k/v.
-    Batch 256 does not fit 80 GB without checkpointing (ours or Fast-DiT's), so the default is 128 and 176."""
+def bench_step_cases(batches: list[int], steps: int, warmup: int) -> list[BenchSettings]:
+    """The bare bench step of the same model (amp, compiled blocks, cuDNN attention, fused q/k/v), for reference."""
     base = dict(flavor="xl", original=True, latent=(1, 32, 32), steps=steps, warmup=warmup, sdpa="cudnn",
-                fuse_qkv=True)
-    cases = []
-    for b in batches:
-        cases += [BenchSettings(name=f"ours bs{b} compile bf16", batch=b, **base, precision="bf16"),
-                  BenchSettings(name=f"ours bs{b} compile amp", batch=b, **base, precision="amp")]
-    cases.append(BenchSettings(name=f"ours bs{batches[0]} eager amp", batch=batches[0],
-                               **{**base, "fuse_qkv": False}, precision="amp", compile=False))
-    return cases
+                fuse_qkv=True, precision="amp")
+    return [BenchSettings(name=f"bench step bs{b}", batch=b, **base) for b in batches]
 
 
 def main(argv=None) -> int:
@@ -137,6 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--fastdit", required=True, type=Path, help="folder of a fast-DiT checkout")
     p.add_argument("--batches", type=int, nargs="+", default=[128, 256], help="Fast-DiT batch sizes")
     p.add_argument("--our-batches", type=int, nargs="+", default=[128, 176])
+    p.add_argument("--recipe-steps", type=int, default=30, help="steps of each launchers/train.py run")
+    p.add_argument("--bench-step", action="store_true", help="also time bench/train_throughput.py's bare step")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--skip-ours", action="store_true")
@@ -151,6 +148,25 @@ def main(argv=None) -> int:
     with_ckpt, without, create_diffusion = load_fastdit(a.fastdit)
     env = environment(device, a.commit)
     results = []
+    # ours first: launchers/train.py runs in a subprocess, which needs the GPU memory this process has not yet taken
+    if not a.skip_ours:
+        for b in a.our_batches:
+            case = RecipeCase(name=f"ours bs{b} (launchers/train.py)", factory="pretrain_xl2_256",
+                              overrides=[f"data.batch_size={b}"])
+            r = run_recipe(case, a.recipe_steps, 5, 2)
+            r["side"], r["batch"] = "ours", b
+            results.append(r)
+            _print_row(r)
+            if a.out:
+                write_json(a.out, env, results)
+        for s in bench_step_cases(a.our_batches, a.steps, a.warmup) if a.bench_step else []:
+            s.profile = a.profile
+            r = run_case(s, device)
+            r["side"] = "bench step"
+            results.append(r)
+            _print_row(r)
+            if a.out:
+                write_json(a.out, env, results)
     for b in a.batches:
         for ckpt, mod in ((True, with_ckpt), (False, without)):
             if mod is None:
@@ -158,15 +174,6 @@ def main(argv=None) -> int:
                 continue
             results.append(fastdit_case(mod, create_diffusion, b, ckpt, a.steps, a.warmup, device))
             _print_row(results[-1])
-            if a.out:
-                write_json(a.out, env, results)
-    if not a.skip_ours:
-        for s in our_cases(a.our_batches, a.steps, a.warmup):
-            s.profile = a.profile and s.name == f"ours bs{a.our_batches[0]} compile bf16"
-            r = run_case(s, device)
-            r["side"] = "ours"
-            results.append(r)
-            _print_row(r)
             if a.out:
                 write_json(a.out, env, results)
     ok = [r for r in results if "error" not in r]
@@ -180,7 +187,7 @@ def main(argv=None) -> int:
     if a.out:
         write_json(a.out, {**env, "summary": summary}, results)
     print(f"\n{env['device']}  torch {env['torch']}  {env['date']}  commit {env['commit']}")
-    print(f"{'name':34} {'img/s':>8} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8}")
+    print(f"{'name':38} {'img/s':>8} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8}")
     for r in results:
         _print_row(r)
     if summary:
@@ -196,11 +203,11 @@ def main(argv=None) -> int:
 
 def _print_row(r: dict) -> None:
     if "error" in r:
-        print(f"{r['name']:34} ERROR {r['error'][:90]}", flush=True)
+        print(f"{r['name']:38} ERROR {r['error'][:90]}", flush=True)
         return
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
-    print(f"{r['name']:34} {r['samples_per_s']:8.1f} {1e3 * r['step_s']:8.1f} {r['model_tflops']:8.1f} {mfu:>6} "
-          f"{r.get('peak_mem_gib', 0):8.1f}", flush=True)
+    print(f"{r['name']:38} {r['samples_per_s']:8.1f} {1e3 * r['step_s']:8.1f} {r.get('model_tflops') or 0:8.1f} "
+          f"{mfu:>6} {r.get('peak_mem_gib') or 0:8.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def summarize(folders: list[Path], out: Path) -> int:
         base = next((r for r in rs if r["world_size"] == 1), None)
         ref = None
         if base is not None and base.get("latents_file") and (base["_dir"] / base["latents_file"]).exists():
-            ref = torch.load(base["_dir"] / base["latents_file"])
+            ref = torch.load(base["_dir"] / base["latents_file"], weights_only=True)
         lines += [f"DiT-{flavor}, {tokens} video tokens, {steps} {sampler} steps ({rs[0]['nfe']} network calls), "
                   f"batch {batch}, {rs[0]['dtype']}, {device}:", "",
                   "| GPUs | layout | denoise (s) | speedup | efficiency | text encode / denoise / decode (s) | "
@@ -224,7 +224,7 @@ def summarize(folders: list[Path], out: Path) -> int:
             eff = speedup / r["world_size"]
             diff = None
             if ref is not None and r.get("latents_file") and (r["_dir"] / r["latents_file"]).exists():
-                x = torch.load(r["_dir"] / r["latents_file"])
+                x = torch.load(r["_dir"] / r["latents_file"], weights_only=True)
                 diff = ((x - ref).abs().max() / ref.abs().max()).item()
             name = f"CP{lay['cp']}" + (f" ({lay['cp_kind']})" if lay["cp_kind"] else "") + \
                 (f" x TP{lay['tp']}" if lay["tp"] > 1 else "") + (" x CFG2" if lay["cfg_parallel"] else "")

@@ -85,7 +85,9 @@ def weights(ckpt: Path) -> dict:
 
     if ckpt.is_dir():
         return consolidated_state_dict(ckpt, prefix="state_dict.")
-    return {k: v.float().cpu() for k, v in torch.load(ckpt, weights_only=False, map_location="cpu")["state_dict"].items()}
+    from nemo_vfm.io.safe_load import safe_load
+
+    return {k: v.float().cpu() for k, v in safe_load(ckpt)["state_dict"].items()}
 
 
 def compare(got_loss, ref_loss, got_w, ref_w) -> dict:

@@ -23,7 +23,7 @@ Modes (``MODES``; one function per mode returns ``{case: step closure}`` for our
   compiled blocks, ``--ac``; diffusers: peft adapters (``add_adapter``) on the same linears with
   ``enable_gradient_checkpointing()``. ``--model t2v_14b --cases ours``: the 14B LoRA step on one GPU.
 * ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network,
-  conditional and unconditional in one batch of 2; ``--compile`` to also compile the blocks) against
+  conditional and unconditional in one batch of 2; ``--compile`` = ``vfm generate --compile``) against
   diffusers' ``WanPipeline`` step (two transformer calls of batch 1), no autograd.
 
 Writes JSON: device, date, commit, per case ms/step (median), peak memory, and ours/diffusers' speed ratio.
@@ -135,7 +135,6 @@ def infer_cases(a, cfg, device) -> dict:
     from nemo_vfm.inference.cp_engine import InferenceEngine
     from nemo_vfm.inference.sampling import guided_predictor, predictor
     from nemo_vfm.models.wan.flavors import wan_objective
-    from nemo_vfm.parallel.compile import compile_blocks
 
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
     objective = wan_objective("t2v_1_3b")
@@ -144,9 +143,8 @@ def infer_cases(a, cfg, device) -> dict:
     guidance = 5.0
 
     def ours():
-        engine = InferenceEngine.from_model(_ours(cfg, device, dtype), objective, device=device, dtype=a.precision)
-        if a.compile:
-            compile_blocks(engine.net.blocks)
+        engine = InferenceEngine.from_model(_ours(cfg, device, dtype), objective, device=device, dtype=a.precision,
+                                            compile=a.compile)  # = vfm generate --compile
         cond = {"context": inp["context"]}
         uncond = {"context": inp["negative"]}
         g = guided_predictor(predictor(objective, engine.net, dtype), cond, uncond, guidance)
@@ -283,7 +281,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile our blocks (default: on for full, off for infer as vfm generate runs)")
+                   help="compile our blocks (default: on for full; off for infer, as vfm generate runs by default; "
+                        "--compile there = vfm generate --compile)")
     p.add_argument("--ac", default="full", help="our activation checkpointing in full mode (none, full, selective, "
                                                 "selective_op)")
     p.add_argument("--ac-every", type=int, default=2)

@@ -241,16 +241,16 @@ def _launch(args, tasks, executor) -> int:
             print_dryrun(exp)
             return 0
         exp.run(sequential=False, detach=args.detach)  # the chain is given as dependencies
-        if not args.detach:
-            exp.status()
-            failed = [j.id for j in exp.jobs if str(j.state).upper().endswith(("FAILED", "CANCELLED"))]
-            if failed:
-                print(f"error: step(s) {failed} failed; see `python launchers/experiment.py --logs {exp._id}`",
-                      file=sys.stderr)
-                return 1
-        print(f"experiment {exp._id}: status `python launchers/experiment.py --status {exp._id}`")
     finally:
-        exp.__exit__(None, None, None)
+        exp.__exit__(None, None, None)  # waits for every step unless detached
+    if not args.detach:
+        states = {j.id: str(j.state).rsplit(".", 1)[-1].upper() for j in exp.jobs}
+        failed = {name: state for name, state in states.items() if state != "SUCCEEDED"}
+        if failed:
+            print(f"error: step(s) {', '.join(f'{k} ({v})' for k, v in failed.items())} did not succeed; see "
+                  f"`python launchers/experiment.py --logs {exp._id}`", file=sys.stderr)
+            return 1
+    print(f"experiment {exp._id}: status `python launchers/experiment.py --status {exp._id}`")
     return 0
 
 

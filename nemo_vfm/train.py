@@ -39,7 +39,9 @@ class TrainerConfig:
     gradient_clip_val: float | None = 1.0
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 500
-    keep_last_n_checkpoints: int = 2
+    keep_last_n_checkpoints: int = 2  # newest N usable ones in the folder, across restarts (< 0: all)
+    nonfinite: str = "stop"  # NaN/Inf loss or gradients: "stop" the run, or "skip" the update (nemo_vfm.lightning.nonfinite)
+    nonfinite_max_consecutive: int = 10  # with "skip": stop after this many bad steps in a row
     enable_progress_bar: bool = True
     callbacks: list = field(default_factory=list)
 
@@ -51,16 +53,23 @@ class TrainerConfig:
         allowed = ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "64-true")
         if str(self.precision) not in allowed:
             raise ValueError(f"TrainerConfig.precision must be one of {allowed}, got {self.precision!r}")
+        if self.nonfinite not in ("stop", "skip"):
+            raise ValueError(f"TrainerConfig.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+        if self.nonfinite_max_consecutive < 1:
+            raise ValueError(f"TrainerConfig.nonfinite_max_consecutive must be >= 1, got {self.nonfinite_max_consecutive}")
 
 
 @dataclass(kw_only=True)
 class ExperimentConfig:
-    """Where a run lives. ``resume=True`` continues from the last complete checkpoint in the folder."""
+    """Where a run lives. ``resume=True`` continues from the newest checkpoint in the folder that verifies;
+    ``resume=False`` moves an earlier run in the folder aside (``<name>.previous-<time>``). ``allow_pickle``
+    resumes from checkpoints that need full unpickling (``weights_only=False``: trusted files only)."""
 
     name: str = "default"
     root: str = "experiments"
     resume: bool = True
     tensorboard: bool = True
+    allow_pickle: bool = False
 
     @property
     def dir(self) -> Path:
@@ -195,14 +204,15 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     """
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.io.safe_load import safe_globals_for
+    from nemo_vfm.lightning import checkpointing as ckpt_files
     from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, StepProgressBar, ThroughputLogger
-    from nemo_vfm.lightning.checkpointing import AtomicCheckpointIO, latest_checkpoint
     from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
+    from nemo_vfm.lightning.nonfinite import NonFiniteGuard
 
     trainer_cfg = trainer or TrainerConfig()
     objective = objective or EDM()
@@ -222,15 +232,27 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
     rank = int(os.environ.get("RANK", "0"))
+    resume = None
+    if log.resume:  # every rank picks the same one (the checks only read); rank 0 moves unusable ones aside
+        resume = ckpt_files.find_resume(ckpt_dir, allow_pickle=log.allow_pickle, move=rank == 0)
+        if resume is not None:  # before config.yaml is overwritten: one clear error for a changed model
+            ckpt_files.check_resumable(resume, model, allow_pickle=log.allow_pickle, lora=lora)
+    elif rank == 0 and (moved := ckpt_files.move_aside(exp_dir)) is not None:
+        print(f"log.resume=false: moved the earlier run in {exp_dir} aside to {moved}")
     if rank == 0:
+        ckpt_files.clean_stale_tmp(ckpt_dir)
         exp_dir.mkdir(parents=True, exist_ok=True)
         config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
                   "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed,
                   "init_from": init_from, "lora": lora}
-        (exp_dir / "config.yaml").write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+        tmp = exp_dir / f".config.yaml.tmp{os.getpid()}"  # atomic: a full disk leaves the old config.yaml whole
+        try:
+            tmp.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+            os.replace(tmp, exp_dir / "config.yaml")
+        finally:
+            tmp.unlink(missing_ok=True)
 
     L.seed_everything(seed, workers=True, verbose=False)
-    resume = latest_checkpoint(ckpt_dir) if log.resume else None
     if getattr(data, "missing_class_samples", 0) and resume is None:
         _write_class_samples(model, objective, data, init_from, sampling)
     module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
@@ -240,9 +262,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
                                         "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
 
     callbacks = [
-        ModelCheckpoint(dirpath=ckpt_dir, filename="{step:08d}", every_n_train_steps=trainer_cfg.checkpoint_every_n_steps,
-                        save_top_k=trainer_cfg.keep_last_n_checkpoints, monitor="step", mode="max",
-                        save_on_train_epoch_end=False),
+        ckpt_files.RotatingCheckpoint(ckpt_dir, trainer_cfg.checkpoint_every_n_steps, trainer_cfg.keep_last_n_checkpoints),
+        NonFiniteGuard(trainer_cfg.nonfinite, trainer_cfg.nonfinite_max_consecutive, ckpt_dir=ckpt_dir,
+                       checkpoint_every_n_steps=trainer_cfg.checkpoint_every_n_steps),
         ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1)), model_config=model,
                          out=exp_dir / "perf.jsonl"),
         MetricsHistory(exp_dir, trainer_cfg.log_every_n_steps),
@@ -272,18 +294,22 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         accelerator=trainer_cfg.accelerator, precision=precision, strategy=trainer_cfg.strategy,
         accumulate_grad_batches=trainer_cfg.accumulate_grad_batches, gradient_clip_val=trainer_cfg.gradient_clip_val,
         log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,
-        plugins=[AtomicCheckpointIO()], enable_progress_bar=trainer_cfg.enable_progress_bar,
+        plugins=[ckpt_files.AtomicCheckpointIO()], enable_progress_bar=trainer_cfg.enable_progress_bar,
         enable_model_summary=False, default_root_dir=str(exp_dir), limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=False,  # the data modules split samples over data-parallel ranks themselves
     )
     if resume is not None and rank == 0:
         print(f"resuming from {resume}")
-    # our own checkpoints hold config dataclasses and data-loader state: not weights-only loadable
-    pl_trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None, weights_only=False)
+    # weights_only=True with our config classes allowed (nemo_vfm.io.safe_load); log.allow_pickle: anything
+    with safe_globals_for(None if log.allow_pickle else resume):
+        pl_trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None,
+                       weights_only=not log.allow_pickle)
 
     last = ckpt_dir / f"step={pl_trainer.global_step:08d}.ckpt"
     if not last.exists():
         pl_trainer.save_checkpoint(last)
+        if rank == 0:
+            ckpt_files.prune_checkpoints(ckpt_dir, trainer_cfg.keep_last_n_checkpoints)
     loss = pl_trainer.callback_metrics.get("train/loss")
     summary = {"exp_dir": str(exp_dir), "checkpoint": str(last), "step": pl_trainer.global_step,
                "loss": float(loss) if loss is not None else None,

@@ -45,11 +45,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                               "ranks (0: the tokenizer as configured)")
     p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
     p.add_argument("--upscale", type=int, default=0, help="nearest-neighbour upscaling of the output (0: auto)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block (faster denoising "
+                                                          "on GPUs after a one-time compile)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
     p.add_argument("--image", help="image-to-video (Wan I2V folders): the first frame")
     p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
                                                                 "(weights + config) and exit")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle a .ckpt that needs more than our config "
+                                                               "classes (weights_only=False: runs any code the file "
+                                                               "holds; only for files you trust)")
 
 
 def _prompts(args) -> list[str]:
@@ -62,6 +67,25 @@ def _prompts(args) -> list[str]:
     if not prompts:
         raise ValueError("give at least one --prompt or a --prompts file")
     return prompts
+
+
+def check_args(args) -> None:
+    """Refuse bad arguments before anything is loaded (one sentence each)."""
+    import math
+
+    for name in ("steps", "batch_size", "frames", "height", "width", "cp", "tp"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    for name in ("upscale", "decode_tile", "decode_overlap"):
+        value = getattr(args, name, 0)
+        if value is not None and value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    if not math.isfinite(args.guidance):
+        raise ValueError(f"--guidance must be a finite number (1 = off), got {args.guidance}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file; give a folder to write the videos into")
 
 
 def _pixel_size(args, tokenizer, latent_thw):
@@ -91,12 +115,14 @@ def _run(args) -> int:
     from nemo_vfm.inference.sampling import check_sampler, default_sampler
     from nemo_vfm.inference.sizes import latent_size
 
+    trust = getattr(args, "trust_pickle", False)
     if args.export_safetensors:
-        out = export_safetensors(args.ckpt, args.export_safetensors, use_ema=not args.no_ema)
+        out = export_safetensors(args.ckpt, args.export_safetensors, use_ema=not args.no_ema, allow_pickle=trust)
         print(f"wrote {out}")
         return 0
+    check_args(args)
     prompts = _prompts(args)
-    info = read_checkpoint_info(args.ckpt)
+    info = read_checkpoint_info(args.ckpt, allow_pickle=trust)
     gen = info.generation
     if info.kind == "wan":
         from nemo_vfm.inference.wan import check_generation_parts
@@ -137,7 +163,8 @@ def _run(args) -> int:
         check_model_layout(info.model_config, layout, thw)  # heads vs tp/cp, before loading weights
         dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
         engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
-                                                 latent_thw=thw, tokenizer=tokenizer.to(device).eval())
+                                                 latent_thw=thw, tokenizer=tokenizer.to(device).eval(),
+                                                 compile=args.compile)
         out = Path(args.out)
         fps = gen.get("fps") or 8.0
         if rank == 0:
@@ -156,6 +183,9 @@ def _run(args) -> int:
             for k, v in times.items():
                 totals[k] = totals.get(k, 0.0) + v
             if rank == 0:
+                if not bool(torch.isfinite(videos).all()):
+                    raise ValueError(f"the sampled video holds NaN/Inf (checkpoint {info.path}, guidance "
+                                     f"{args.guidance}); nothing was written; try another checkpoint or sampler")
                 upscale = args.upscale or max(1, 256 // max(videos.shape[-2:]))
                 written += write_videos(videos, out / f"batch{i // args.batch_size:03d}", fps=fps, upscale=upscale,
                                         captions=batch)

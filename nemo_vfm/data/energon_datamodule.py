@@ -255,14 +255,14 @@ class EnergonDataModule(pl.LightningDataModule):
             if self._restore["dp_world_size"] != wc.world_size:
                 raise ValueError(f"the checkpoint's data state was saved with {self._restore['dp_world_size']} "
                                  f"data-parallel ranks but this run has {wc.world_size}; resume with the same DP size")
-            loader.restore_state_rank(pickle.loads(self._restore["states"][wc.rank]))
+            loader.restore_state_rank(_loads_state(self._restore["states"][wc.rank]))
         return loader, wc
 
     def train_dataloader(self) -> StatefulLoader:
         loader, _ = self.build_loader()
         self._loader = StatefulLoader(loader, self.log_every_n_batches)
         if self._restore is not None:  # a checkpoint taken before the next batch names the same position
-            self._loader.consumed_state = pickle.loads(self._restore["states"][self._dp_rank_world()[0]])
+            self._loader.consumed_state = _loads_state(self._restore["states"][self._dp_rank_world()[0]])
             self._restore = None
         return self._loader
 
@@ -281,7 +281,8 @@ class EnergonDataModule(pl.LightningDataModule):
 
     # ---- checkpointing ----------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Loader state of every data-parallel rank (pickled Energon state: load only trusted checkpoints)."""
+        """Loader state of every data-parallel rank (pickled Energon state; restored with a restricted unpickler
+        that builds only Energon's plain data classes)."""
         if self._loader is None:
             return dict(self._restore) if self._restore is not None else {}
         rank, world = self._dp_rank_world()
@@ -308,6 +309,12 @@ class EnergonDataModule(pl.LightningDataModule):
 
         r, w, _ = dp_rank_world(self._mesh(), self.dp_dims)
         return r, w
+
+
+def _loads_state(data: bytes):
+    from nemo_vfm.io.safe_load import restricted_loads
+
+    return restricted_loads(data, ("megatron.energon",), "the data loader state in the checkpoint")
 
 
 class DataStatsCallback(pl.Callback):

@@ -49,22 +49,19 @@ class CheckpointInfo:
 
 
 def _latest(folder: Path) -> Path | None:
-    """The complete ``step=N.ckpt`` (file, or DCP folder with ``.metadata``) with the highest N in ``folder``."""
-    import re
+    """The newest usable ``step=N.ckpt`` (file, or DCP folder) in ``folder``; newer unusable ones are warned about."""
+    from nemo_vfm.io.checkpoint_files import latest_checkpoint
 
-    if not folder.is_dir():
-        return None
-    found = []
-    for p in folder.iterdir():
-        m = re.match(r"^step=(\d+)\.ckpt$", p.name)
-        if m and ((p / ".metadata").is_file() if p.is_dir() else p.stat().st_size > 0):
-            found.append((int(m.group(1)), p))
-    return max(found)[1] if found else None
+    return latest_checkpoint(folder)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file or folder, or the newest ``step=N.ckpt`` in an experiment (or ``checkpoints/``) folder."""
     path = Path(path)
+    from nemo_vfm.io.checkpoint_files import checkpoint_step, verify_checkpoint
+
+    if path.is_dir() and checkpoint_step(path) is not None and (why := verify_checkpoint(path)):
+        raise ValueError(f"cannot use checkpoint {path}: {why}")  # a sharded step=N.ckpt/ folder, incomplete
     if path.is_dir() and not (path / ".metadata").exists():
         found = _latest(path / "checkpoints") or _latest(path)
         if found is None:
@@ -72,6 +69,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         path = found
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix != ".safetensors":
+        why = verify_checkpoint(path)
+        if why:
+            raise ValueError(f"cannot use checkpoint {path}: {why}")
     return path
 
 
@@ -91,18 +92,28 @@ def _to_json(obj):
                     "plain values")
 
 
-def _from_json(obj):
+def _from_json(obj, path=None):
+    """Rebuild configs from a header: plain values, and ``{"__class__": "module:Name", ...}`` only for our config
+    classes (:func:`nemo_vfm.io.safe_load.config_class`); anything else is refused, nothing is imported."""
+    from nemo_vfm.io.safe_load import UnsafeCheckpointError, config_class
+
     if isinstance(obj, dict):
-        obj = {k: _from_json(v) for k, v in obj.items()}
+        obj = {k: _from_json(v, path) for k, v in obj.items()}
         if "__class__" in obj:
-            module, _, name = obj.pop("__class__").partition(":")
-            cls = importlib.import_module(module)
-            for part in name.split("."):
-                cls = getattr(cls, part)
+            name = obj.pop("__class__")
+            module, _, qualname = name.partition(":") if isinstance(name, str) else ("", "", "")
+            cls = config_class(module, qualname)
+            if cls is None or not dataclasses.is_dataclass(cls):
+                raise UnsafeCheckpointError(f"refusing to load {path or 'this file'}: its header names {name!r}, which "
+                                            "is not one of nemo_vfm's config classes; re-export it with "
+                                            "`vfm generate --export-safetensors` from a trusted checkpoint")
+            fields = {f.name for f in dataclasses.fields(cls) if f.init}
+            if set(obj) - fields:
+                raise ValueError(f"{path or 'the header'}: {name} has no field(s) {sorted(set(obj) - fields)}")
             return cls(**obj)
         return obj
     if isinstance(obj, list):
-        return [_from_json(v) for v in obj]
+        return [_from_json(v, path) for v in obj]
     return obj
 
 
@@ -114,9 +125,12 @@ def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> Che
                           state, hp.get("lora"))
 
 
-def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
+def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> CheckpointInfo:
     """Model config, objective, generation settings and step of a checkpoint (see the module docstring);
-    a published Wan 2.1 folder (diffusers or original layout, or a pipeline folder) reads as kind ``wan``."""
+    a published Wan 2.1 folder (diffusers or original layout, or a pipeline folder) reads as kind ``wan``.
+    Pickled files load with ``weights_only=True`` (our config classes allowed); ``allow_pickle=True`` unpickles
+    anything (trusted files only)."""
+    from nemo_vfm.io.safe_load import safe_load
     from nemo_vfm.models.wan.convert import is_wan_folder
 
     if Path(path).is_dir() and is_wan_folder(path):
@@ -129,20 +143,26 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
         if not meta.exists():
             raise ValueError(f"{path} is a distributed checkpoint without Lightning's meta.pt (no model config); "
                              "generate from a checkpoint written by nemo_vfm.train")
-        ckpt = torch.load(meta, map_location="cpu", weights_only=False)
+        ckpt = safe_load(meta, allow_pickle=allow_pickle)
         return _from_hparams(path, "dcp", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)))
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
-        with safe_open(str(path), "pt") as f:
-            header = (f.metadata() or {}).get(META_KEY)
+        try:
+            with safe_open(str(path), "pt") as f:
+                header = (f.metadata() or {}).get(META_KEY)
+        except Exception as e:  # safetensors raises its own error type for a torn or foreign file
+            raise ValueError(f"{path} is not a readable safetensors file ({e}); re-export it") from e
         if header is None:
             raise ValueError(f"{path} has no nemo_vfm config in its header (plain weights); write it with "
                              "nemo_vfm.inference.checkpoint.export_safetensors or `vfm generate --export-safetensors`")
-        meta = _from_json(json.loads(header))
+        try:
+            meta = _from_json(json.loads(header), path)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: the nemo_vfm header is not valid JSON ({e})") from e
         return CheckpointInfo(path, "safetensors", meta["model_config"], meta["objective"],
                               dict(meta.get("generation") or {}), int(meta.get("step", 0)))
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = safe_load(path, mmap=True, allow_pickle=allow_pickle)
     return _from_hparams(path, "file", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)),
                          ckpt["state_dict"])
 
@@ -233,9 +253,33 @@ def _base_view(own: dict) -> dict:
 
 
 def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
-    """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict). A network
-    with LoRA adapters takes a plain checkpoint's weights as its base weights (adapters keep their values), and
-    a LoRA run's weights as saved; a plain network takes a LoRA run's weights merged."""
+    """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict); refuses
+    weights that hold NaN or Inf. A network with LoRA adapters takes a plain checkpoint's weights as its base
+    weights (adapters keep their values), and a LoRA run's weights as saved; a plain network takes a LoRA run's
+    weights merged."""
+    _load_weights(net, info, use_ema)
+    check_finite_weights(net, info.path)
+
+
+def check_finite_weights(net: torch.nn.Module, path) -> None:
+    """Raise when a weight of ``net`` holds NaN/Inf (this rank's pieces; agreed over all ranks when distributed)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    bad = [name for name, t in net.state_dict().items()
+           if torch.is_tensor(t) and t.is_floating_point()
+           and not bool(torch.isfinite(t.to_local() if isinstance(t, DTensor) else t).all())]
+    flag = torch.tensor([float(len(bad))])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = flag.to(dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if float(flag) > 0:
+        where = f" (e.g. {', '.join(bad[:3])})" if bad else " (on another rank)"
+        raise ValueError(f"{path} holds NaN/Inf weights{where}: it cannot generate; use an earlier checkpoint of the run")
+
+
+def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
     own = net.state_dict()
     net_lora = any(".lora_A." in k for k in own)
     if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
@@ -278,10 +322,11 @@ def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tru
         _copy_full(v, state[k], k)
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True) -> LoadedModel:
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True,
+                    allow_pickle: bool = False) -> LoadedModel:
     """Rebuild the network in this process from any checkpoint kind (a ``.ckpt`` file, a DCP folder, a
     safetensors export, or an experiment folder: its newest checkpoint)."""
-    info = read_checkpoint_info(path)
+    info = read_checkpoint_info(path, allow_pickle)
     cfg = info.model_config
     if getattr(cfg, "pretrained", None):  # the checkpoint holds every weight: do not read the base model again
         cfg = dataclasses.replace(cfg, pretrained=None)
@@ -291,13 +336,13 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_em
 
 
 def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = True,
-                       dtype: torch.dtype | None = None) -> Path:
+                       dtype: torch.dtype | None = None, allow_pickle: bool = False) -> Path:
     """Write a checkpoint's weights (EMA by default) and its config as one ``.safetensors`` file for inference."""
     import os
 
     from safetensors.torch import save_file
 
-    info = read_checkpoint_info(path)
+    info = read_checkpoint_info(path, allow_pickle)
     state = full_state_dict(info, use_ema)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}

@@ -42,14 +42,20 @@ def _dtype(d) -> torch.dtype:
     return DTYPES[d]
 
 
-def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, pmesh) -> torch.nn.Module:
-    """Apply the model family's parallel plan (TP/SP, CP; no FSDP, no checkpointing) for ``layout``."""
+def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, pmesh,
+                              compile: bool = False) -> torch.nn.Module:
+    """Apply the model family's parallel plan (TP/SP, CP; no FSDP, no checkpointing) for ``layout``;
+    ``compile``: ``torch.compile`` each block (``nemo_vfm.parallel.compile``)."""
     if pmesh is None:
+        if compile:
+            from nemo_vfm.parallel.compile import compile_blocks
+
+            compile_blocks(model.blocks)
         return model
     plan = family_plan(model)
     params = inspect.signature(plan.parallelize).parameters
     kwargs = {k: v for k, v in dict(attention_backend=layout.attention_backend, param_dtype=None,
-                                    reduce_dtype=None).items() if k in params}
+                                    reduce_dtype=None, compile=compile).items() if k in params}
     return plan.parallelize(model, pmesh, **kwargs)
 
 
@@ -77,11 +83,11 @@ class InferenceEngine:
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
     def from_model(cls, model, objective, layout: InferenceLayout | None = None, *, device=None, dtype=None,
-                   cache_text_kv: bool = True, **kwargs) -> InferenceEngine:
+                   cache_text_kv: bool = True, compile: bool = False, **kwargs) -> InferenceEngine:
         """Parallelise a plain network whose weights are loaded (the same on every rank) for ``layout``.
 
         ``cache_text_kv``: compute the text keys/values of cross-attention once per generation
-        (:mod:`nemo_vfm.inference.text_cache`; exact)."""
+        (:mod:`nemo_vfm.inference.text_cache`; exact; not combined with ``compile``, which compiles the blocks)."""
         layout = layout or InferenceLayout()
         device = torch.device(device) if device is not None else next(model.parameters()).device
         check_model_layout(model.cfg, layout)
@@ -89,15 +95,16 @@ class InferenceEngine:
         model = model.to(device)
         if dtype is not None:
             model = model.to(_dtype(dtype))
-        parallelize_for_inference(model, layout, pmesh)
-        if cache_text_kv:
+        parallelize_for_inference(model, layout, pmesh, compile)
+        if cache_text_kv and not compile:
             cache_text_projections(model)
         return cls(model, objective, layout=layout, pmesh=pmesh, device=device, dtype=dtype, **kwargs)
 
     @classmethod
     def from_checkpoint(cls, path, layout: InferenceLayout | None = None, *, device=None, dtype="bf16",
                         use_ema: bool = True, latent_thw=None, tokenizer=None, text_encoder=None,
-                        build_encoders: bool = True, cache_text_kv: bool = True) -> InferenceEngine:
+                        build_encoders: bool = True, cache_text_kv: bool = True,
+                        compile: bool = False) -> InferenceEngine:
         """Build the network on the meta device, parallelise it, materialise it in ``dtype`` on ``device``
         and load the checkpoint's weights (each rank reads only its own pieces of a DCP checkpoint).
 
@@ -115,14 +122,14 @@ class InferenceEngine:
         check_model_layout(cfg, layout, latent_thw)
         pmesh = build_inference_mesh(layout, cfg.num_heads, device.type)
         model = cfg.build("meta").to(_dtype(dtype))
-        parallelize_for_inference(model, layout, pmesh)
+        parallelize_for_inference(model, layout, pmesh, compile)
         model.to_empty(device=device)
         kept = set(model.state_dict())
         if any(name not in kept for name, _ in model.named_buffers()):
             raise NotImplementedError(f"{type(model).__name__} has non-persistent buffers, which a checkpoint does "
                                       "not restore after building on the meta device; load it with load_checkpoint")
         load_weights(model, info, use_ema)
-        if cache_text_kv:
+        if cache_text_kv and not compile:
             cache_text_projections(model)
         rank = dist.get_rank() if dist.is_initialized() else 0
         gen = info.generation

@@ -271,9 +271,9 @@ class VFMParallelStrategy(ModelParallelStrategy):
         return out
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None):
-        # Our checkpoints carry config dataclasses in their hyper-parameters; they are trusted files
-        # written by this code, as with the single-device path.
-        weights_only = False if weights_only is None else weights_only
+        # weights-only by default, as torch.load: our config classes are allowed by the caller
+        # (nemo_vfm.io.safe_load.safe_globals_for, which train() uses); False only by explicit opt-in
+        weights_only = True if weights_only is None else weights_only
         path = Path(self.broadcast(checkpoint_path))
         flat = _flat_optimizer_state(path)
         if self.pipeline_parallel:

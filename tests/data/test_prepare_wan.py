@@ -61,12 +61,16 @@ def test_wan_vae_umt5_prepare_buckets_and_lora_step(tmp_path):
 
     model = WanConfig(num_layers=2, hidden_size=32, num_heads=2, ffn_size=48, in_channels=4, out_channels=4,
                       context_dim=16, freq_dim=32, text_len=16)
-    data = EnergonDataModule(path=str(tmp_path / "prep"), micro_batch_size=2, patch_size=(1, 2, 2))
-    summary = train(model=model, data=data, objective=wan_objective("tiny"), lora=LoRAConfig(rank=4),
-                    trainer=TrainerConfig(max_steps=2, accelerator="cpu", devices=1, precision="32-true",
-                                          log_every_n_steps=1, enable_progress_bar=False),
-                    log=ExperimentConfig(name="wan_lora", root=str(tmp_path), tensorboard=False), ema_decay=None,
-                    sampling=SamplingConfig(enabled=False, sampler="euler"))
+    def run(steps):
+        data = EnergonDataModule(path=str(tmp_path / "prep"), micro_batch_size=2, patch_size=(1, 2, 2))
+        return train(model=model, data=data, objective=wan_objective("tiny"), lora=LoRAConfig(rank=4),
+                     trainer=TrainerConfig(max_steps=steps, accelerator="cpu", devices=1, precision="32-true",
+                                           log_every_n_steps=1, checkpoint_every_n_steps=2, enable_progress_bar=False),
+                     log=ExperimentConfig(name="wan_lora", root=str(tmp_path), tensorboard=False), ema_decay=None,
+                     sampling=SamplingConfig(enabled=False, sampler="euler"))
+
+    summary = run(2)
     assert summary["step"] == 2 and summary["loss"] is not None
+    assert run(3)["step"] == 3  # a LoRA run resumes from its own checkpoint
     state = torch.load(summary["checkpoint"], weights_only=False)
     assert any(".lora_A." in k for k in state["state_dict"]) and state["hyper_parameters"]["lora"].rank == 4

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 from gloo_launcher import run_distributed  # noqa: E402
 
+from nemo_vfm.io.safe_load import safe_load  # noqa: E402
 from nemo_vfm.lightning.callbacks import read_metrics  # noqa: E402
 from nemo_vfm.lightning.strategy import VFMParallelStrategy  # noqa: E402
 from nemo_vfm.parallel.checkpoint import consolidated_state_dict  # noqa: E402
@@ -77,7 +78,7 @@ def _weights(root, name, step=STEPS) -> dict:
     ckpt = Path(root) / name / "run" / "checkpoints" / f"step={step:08d}.ckpt"
     if ckpt.is_dir():  # a sharded (DCP) folder
         return consolidated_state_dict(ckpt, prefix="state_dict.")
-    return torch.load(ckpt, weights_only=False)["state_dict"]
+    return safe_load(ckpt)["state_dict"]  # weights-only, our config classes allowed
 
 
 def _assert_same_run(got, want, got_w, want_w, what):

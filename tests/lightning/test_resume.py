@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nemo_vfm.io.safe_load import safe_load
 from nemo_vfm.lightning.callbacks import read_metrics
 from nemo_vfm.lightning.checkpointing import AtomicCheckpointIO, latest_checkpoint
 
@@ -78,8 +79,8 @@ def test_sigkill_then_restart_matches_uninterrupted(tmp_path):
     for step in range(killed_at + 1, steps + 1):
         assert got_loss[step] == pytest.approx(ref_loss[step], rel=1e-6, abs=1e-7), step
     final = f"run/checkpoints/step={steps:08d}.ckpt"  # the weights and the EMA weights too
-    want = torch.load(tmp_path / "ref" / final, weights_only=False)["state_dict"]
-    got = torch.load(tmp_path / "crash" / final, weights_only=False)["state_dict"]
+    want = safe_load(tmp_path / "ref" / final)["state_dict"]  # our checkpoints load weights-only
+    got = safe_load(tmp_path / "crash" / final)["state_dict"]
     assert any(k.startswith("ema.") for k in want)
     for k, v in want.items():
         assert torch.allclose(got[k], v, rtol=1e-6, atol=1e-8), k

@@ -8,6 +8,11 @@ from nemo_vfm.lightning.strategy import VFMParallelStrategy, family_plan
 
 
 def _config(family):
+    if family == "wan":
+        from nemo_vfm.models.wan.model import WanConfig
+
+        return WanConfig(num_layers=2, hidden_size=48, num_heads=4, ffn_size=64, in_channels=4, out_channels=4,
+                         context_dim=16, freq_dim=16, text_len=4)
     if family == "stdit":
         from nemo_vfm.models.stdit.model import STDiTConfig
 
@@ -40,7 +45,10 @@ def test_family_plan_lookup():
 
     assert family_plan(DiTConfig(num_layers=1, hidden_size=32, num_heads=4)) is dit_plan
     assert family_plan(_config("stdit")) is stdit_plan
-    for plan in (dit_plan, stdit_plan, family_plan(_config("moviegen"))):
+    import nemo_vfm.models.wan.parallelize as wan_plan
+
+    assert family_plan(_config("wan")) is wan_plan
+    for plan in (dit_plan, stdit_plan, family_plan(_config("moviegen")), wan_plan):
         assert all(hasattr(plan, name) for name in ("parallelize", "check_layout", "TP_PARTIAL", "PP_DUPLICATED"))
 
 
@@ -48,6 +56,7 @@ def test_family_plan_lookup():
 @pytest.mark.parametrize("family, kw", [
     ("stdit", dict(context_parallel_size=2, factorized_context_parallel="hybrid", fsdp=False, param_dtype=None)),
     ("moviegen", dict(tensor_model_parallel_size=2, sequence_parallel=True, fsdp=False, param_dtype=None)),
+    ("wan", dict(context_parallel_size=2, fsdp=False, param_dtype=None)),
 ])
 def test_family_trains_like_one_process(tmp_path, family, kw):
     single = _train(0, 1, str(tmp_path / "single"), family, None)

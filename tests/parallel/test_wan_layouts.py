@@ -3,6 +3,8 @@
 weights compared. Also: a Wan weights folder streams into an FSDP2- / TP-sharded model (each rank
 materialises only its shards) and gives the single-process weights."""
 
+import dataclasses
+
 import pytest
 import torch
 from gloo_launcher import run_distributed
@@ -43,11 +45,15 @@ def _worker(rank, world, layouts, folder):
         extra = {k: v for k, v in kw.items() if k in _AC}
         out[name] = E.run_layout(cfg, problem, ParallelDims(world_size=world, **dims_kw), **extra)
     loaded = {}
-    for name, dims_kw in {"FSDP2": {}, "TP2": dict(tp=2)}.items():
+    for name, dims_kw in {"FSDP2": {}, "TP2": dict(tp=2), "FSDP2 init_weights": {}}.items():
         pmesh = build_mesh(ParallelDims(world_size=world, **dims_kw))
-        model = parallelize_wan(cfg.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
+        c = dataclasses.replace(cfg, pretrained=folder) if "init_weights" in name else cfg
+        model = parallelize_wan(c.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
         model.to_empty(device="cpu")
-        load_weights(model, folder)
+        if "init_weights" in name:
+            model.init_weights()  # the strategy's materialisation step, with WanConfig.pretrained set
+        else:
+            load_weights(model, folder)
         assert any(isinstance(p, DTensor) for p in model.parameters())
         loaded[name] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).clone() for k, v in
                         model.state_dict().items()}
@@ -78,3 +84,63 @@ def test_wan_two_process_layouts_match_single_process(reference, tmp_path):
         for name, got in r["loaded"].items():
             for k, v in state.items():
                 assert torch.equal(got[k], v), (name, k)
+
+
+def i2v_cfg():
+    from nemo_vfm.models.wan.model import WanConfig
+
+    return WanConfig(num_layers=2, hidden_size=48, num_heads=4, ffn_size=64, in_channels=12, out_channels=4,
+                     context_dim=32, freq_dim=32, text_len=8, image_dim=16)
+
+
+def _i2v_problem():
+    torch.manual_seed(0)
+    model = i2v_cfg().build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(1)
+    batch = {"x": torch.randn(2, 4, 2, 4, 4, generator=g), "t": torch.rand(2, generator=g),
+             "context": torch.randn(2, 5, 32, generator=g), "image_embeds": torch.randn(2, 3, 16, generator=g),
+             "cond_latents": torch.randn(2, 8, 2, 4, 4, generator=g), "target": torch.randn(2, 4, 2, 4, 4, generator=g)}
+    return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "latent": (2, 4, 4)}, batch
+
+
+def _i2v_loss(model, b):
+    out = model(b["x"], b["t"], b["context"], image_embeds=b["image_embeds"], cond_latents=b["cond_latents"])
+    return ((out - b["target"]) ** 2).mean()
+
+
+def _i2v_worker(rank, world, layouts):
+    from nemo_vfm.models.wan import parallelize as P
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.grads import sync_grads
+
+    problem, b = _i2v_problem()
+    out = {}
+    for name, kw in layouts.items():
+        pmesh, modules, _ = E.build_parallel(i2v_cfg(), problem, ParallelDims(world_size=world, **kw),
+                                             torch.device("cpu"), param_dtype=None, reduce_dtype=None)
+        loss = _i2v_loss(modules[0], b)
+        loss.backward()
+        sync_grads(modules[0], pmesh, tp_partial=P.TP_PARTIAL)
+        out[name] = (loss.item(), E._collect(modules, "grad"))
+    return out
+
+
+I2V_LAYOUTS = {"TP2": dict(tp=2), "SP+TP2": dict(tp=2, sequence_parallel=True), "CP2": dict(cp=2)}
+
+
+def test_wan_i2v_gradients_under_tp_sp_cp_match_single_process():
+    """The image path (img_emb, k_img/v_img column-parallel, norm_k_img) under TP2, TP2+SP and CP2: same loss
+    and every gradient as one process (data-parallel size 1, so every rank sees the whole batch)."""
+    problem, b = _i2v_problem()
+    model = i2v_cfg().build("meta").to_empty(device="cpu")
+    model.load_state_dict(problem["state"])
+    loss = _i2v_loss(model, b)
+    loss.backward()
+    ref = {n: p.grad for n, p in model.named_parameters()}
+    for name, (got_loss, grads) in run_distributed(_i2v_worker, 2, I2V_LAYOUTS)[0].items():
+        assert abs(got_loss - loss.item()) <= 1e-5 * loss.item(), name
+        for n, g in ref.items():
+            assert ((grads[n] - g).abs().max() <= 1e-4 * g.abs().max().clamp_min(1e-8)), (name, n)

@@ -18,6 +18,7 @@ reads only what it needs, no full model copy per rank and no broadcast).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -178,15 +179,8 @@ def config_from_state(shapes: dict[str, tuple[int, ...]], **overrides) -> WanCon
               freq_dim=shapes["time_embedding.0.weight"][1], qk_norm=norm_q,
               cross_attn_norm="blocks.0.norm3.weight" in shapes,
               image_dim=shapes["img_emb.proj.0.weight"][0] if "img_emb.proj.0.weight" in shapes else None)
-    kw["out_channels"] = shapes["head.head.weight"][0] // math_prod(kw["patch_size"])
+    kw["out_channels"] = shapes["head.head.weight"][0] // math.prod(kw["patch_size"])
     return WanConfig(**{**kw, **overrides})
-
-
-def math_prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
 
 
 # -- folders ----------------------------------------------------------------------------------------------
@@ -261,12 +255,6 @@ def is_wan_folder(path: str | Path) -> bool:
                                                                            and "in_dim" in c)
 
 
-def _local_param_name(name: str) -> str:
-    from nemo_vfm.parallel.grads import clean_name
-
-    return clean_name(name)
-
-
 @torch.no_grad()
 def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> None:
     """Stream a Wan folder's weights into ``model`` (plain, or already parallelized: DTensor parameters get
@@ -274,7 +262,9 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> Non
     from safetensors import safe_open
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    params = {_local_param_name(n): (m, n.rsplit(".", 1)[-1]) for mn, m in model.named_modules()
+    from nemo_vfm.parallel.grads import clean_name  # wrapper prefixes (activation checkpointing, compile)
+
+    params = {clean_name(n): (m, n.rsplit(".", 1)[-1]) for mn, m in model.named_modules()
               for n in [f"{mn}.{pn}" if mn else pn for pn, _ in m.named_parameters(recurse=False)]}
     seen = set()
     files = weight_files(path)

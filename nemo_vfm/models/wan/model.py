@@ -332,8 +332,14 @@ class WanModel(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """Wan's initialisation (Xavier linears, N(0, 0.02) text/time embeddings, zero output projection),
-        then the ``pretrained`` weights when the config names a folder."""
+        """Wan's initialisation (Xavier linears, N(0, 0.02) text/time embeddings, zero output projection), or,
+        when the config names a ``pretrained`` folder, its weights (every parameter, streamed; also into an
+        already parallelised model: meta build, parallelize, ``to_empty``, ``init_weights()``)."""
+        if self.cfg.pretrained:
+            from nemo_vfm.models.wan.convert import load_weights
+
+            load_weights(self, self.cfg.pretrained)
+            return
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
@@ -353,10 +359,6 @@ class WanModel(nn.Module):
             nn.init.normal_(block.modulation, std=d**-0.5)
         nn.init.normal_(self.head.modulation, std=d**-0.5)
         nn.init.zeros_(self.head.head.weight)
-        if self.cfg.pretrained:
-            from nemo_vfm.models.wan.convert import load_weights
-
-            load_weights(self, self.cfg.pretrained)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

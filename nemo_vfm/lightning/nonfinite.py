@@ -1,0 +1,189 @@
+"""What a run does when its loss or gradients become NaN/Inf (``trainer.nonfinite``).
+
+``stop`` (default): the update of that step is dropped and training stops with :class:`NonFiniteError`,
+naming the step, the last finite loss and the checkpoint to resume from. ``skip``: the update is dropped,
+counted (``train/nonfinite_steps``) and training goes on; ``max_consecutive`` such steps in a row stop it
+as above. Either way no checkpoint holding NaN/Inf weights or optimizer state is ever written: the live
+weights and optimizer state are checked before every save, which raises instead.
+
+Cost per optimizer step: one multi-tensor norm of the local gradients, a few scalar kernels, and under
+several processes one scalar all-reduce; no host synchronisation where the optimizer takes a device-side
+skip flag (fused AdamW, the default on CUDA: ``optimizer.found_inf``, as ``GradScaler`` uses it). Other
+optimizers read the flag on the host each step (free on the CPU; one synchronisation per step on a GPU).
+The counters stay on the device and are read every ``check_every_n_steps`` (default: every step on the
+CPU, every ``log_every_n_steps`` elsewhere, where the step log already synchronises), and at each save, so
+a stop comes at most that many steps after the first bad one. Under fp16 loss scaling (``16-mixed``) the
+scaler already skips steps with Inf/NaN gradients; there only non-finite losses are counted.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+POLICIES = ("stop", "skip")
+# the device-side state: [bad steps, current streak, longest streak, first bad step, streak start,
+#                          last finite loss, its step]
+_TOTAL, _STREAK, _LONGEST, _FIRST, _START, _LOSS, _LOSS_STEP = range(7)
+
+
+class NonFiniteError(RuntimeError):
+    """Training stopped (or a save was refused) because of NaN/Inf loss, gradients or weights."""
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _any_nonfinite(tensors, device) -> torch.Tensor:
+    """A 0-d bool tensor on ``device``: whether any floating tensor in ``tensors`` holds NaN/Inf (one L2 norm
+    per (device, dtype) group through the multi-tensor kernels; an overflowing norm counts as non-finite)."""
+    groups: dict = {}
+    for t in tensors:
+        t = _local(t)
+        if t.is_floating_point() and t.numel():
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    bad = torch.zeros((), dtype=torch.bool, device=device)
+    for ts in groups.values():
+        norms = torch._foreach_norm(ts, 2.0)  # one multi-tensor kernel; NaN/Inf anywhere makes its norm non-finite
+        bad = bad | ~torch.isfinite(torch.stack(norms).float().sum()).to(device)
+    return bad
+
+
+class NonFiniteGuard(L.Callback):
+    """The ``trainer.nonfinite`` policy (see the module docstring); ``ckpt_dir`` names the checkpoint to resume
+    from in the stop message."""
+
+    def __init__(self, policy: str = "stop", max_consecutive: int = 10, check_every_n_steps: int | None = None,
+                 ckpt_dir: str | Path | None = None, checkpoint_every_n_steps: int | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"trainer.nonfinite must be one of {POLICIES}, got {policy!r}")
+        if max_consecutive < 1:
+            raise ValueError(f"trainer.nonfinite_max_consecutive must be >= 1, got {max_consecutive}")
+        self.policy, self.max_consecutive = policy, max_consecutive if policy == "skip" else 1
+        self.check_every, self.ckpt_dir, self.ckpt_every = check_every_n_steps, ckpt_dir, checkpoint_every_n_steps
+        self._state: torch.Tensor | None = None
+        self._loss_bad: torch.Tensor | None = None
+        self._loss: torch.Tensor | None = None
+        self._reported = 0
+        self.nonfinite_steps = 0  # as of the last check
+
+    # -- per step (device only) ---------------------------------------------------------------------------
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        loss = loss.detach()
+        bad = ~torch.isfinite(loss)
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+        self._loss = loss
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        import torch.distributed as dist
+
+        device = pl_module.device
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        bad = torch.zeros((), dtype=torch.bool, device=device) if scaler is not None else \
+            _any_nonfinite([p.grad for p in params if p.grad is not None], device)
+        if self._loss_bad is not None:
+            bad = bad | self._loss_bad.to(device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = bad.to(torch.float32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank drops the same updates
+            bad = flag > 0
+        if scaler is None:
+            if optimizer.defaults.get("fused"):
+                optimizer.found_inf = bad.to(torch.float32)  # the fused kernel skips the whole update on device
+            elif bool(bad):  # host read: free on the CPU
+                for p in params:
+                    p.grad = None  # the optimizer skips parameters without gradients; clipping sees none
+        self._count(bad, trainer.global_step + 1, device)
+        self._loss_bad, self._loss = None, None
+
+    def _count(self, bad: torch.Tensor, step: int, device) -> None:
+        if self._state is None or self._state.device != torch.device(device):
+            s = torch.zeros(7, dtype=torch.float64, device=device)
+            s[_FIRST] = s[_START] = s[_LOSS_STEP] = -1
+            s[_LOSS] = float("nan")
+            self._state = s if self._state is None else self._state.to(device)
+        s, b = self._state, bad.to(torch.float64)
+        streak = (s[_STREAK] + 1) * b
+        loss = self._loss.to(device=device, dtype=torch.float64) if self._loss is not None else s[_LOSS]
+        good = ~bad
+        self._state = torch.stack([
+            s[_TOTAL] + b,
+            streak,
+            torch.maximum(s[_LONGEST], streak),
+            torch.where(bad & (s[_FIRST] < 0), float(step), s[_FIRST]),
+            torch.where(bad & (streak == 1), float(step), s[_START]),
+            torch.where(good, loss, s[_LOSS]),
+            torch.where(good, float(step), s[_LOSS_STEP]),
+        ])
+
+    # -- checks (host reads) ------------------------------------------------------------------------------
+    def _due(self, trainer) -> bool:
+        step = trainer.global_step
+        every = self.check_every or (1 if trainer.strategy.root_device.type == "cpu" else trainer.log_every_n_steps)
+        return (step % max(1, every) == 0 or (self.ckpt_every and step % self.ckpt_every == 0)
+                or step >= trainer.max_steps > 0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._due(trainer):
+            self.check(trainer, pl_module)
+
+    def check(self, trainer, pl_module=None) -> None:
+        """Read the counters; raise :class:`NonFiniteError` when the policy says stop, else report skips."""
+        if self._state is None:
+            return
+        total, _, longest, first, start, loss, loss_step = self._state.tolist()
+        self.nonfinite_steps = int(total)
+        if total and self.policy == "stop":
+            raise NonFiniteError(self._message(trainer, f"the loss or the gradients became NaN/Inf at step {int(first)} "
+                                                        "(trainer.nonfinite=stop; that update was not applied)",
+                                               loss, loss_step, "or set trainer.nonfinite=skip to skip such steps"))
+        if longest >= self.max_consecutive:
+            raise NonFiniteError(self._message(
+                trainer, f"{int(longest)} steps in a row from step {int(start)} had NaN/Inf loss or gradients "
+                         f"(trainer.nonfinite=skip, trainer.nonfinite_max_consecutive={self.max_consecutive}; their "
+                         "updates were not applied)", loss, loss_step, "or raise trainer.nonfinite_max_consecutive"))
+        if total > self._reported:
+            rank_zero_warn(f"skipped {int(total - self._reported)} step(s) whose loss or gradients were NaN/Inf "
+                           f"(trainer.nonfinite=skip; {int(total)} so far, the first at step {int(first)})")
+            self._reported = int(total)
+        if pl_module is not None and self.policy == "skip" and trainer.global_step:
+            pl_module.log("train/nonfinite_steps", float(total), batch_size=1)
+
+    def _message(self, trainer, what: str, loss: float, loss_step: float, alt: str = "") -> str:
+        last = f"the last finite loss was {loss:.6g} at step {int(loss_step)}" if math.isfinite(loss) and loss_step >= 0 \
+            else "no step had a finite loss"
+        resume = None
+        if self.ckpt_dir is not None:
+            from nemo_vfm.io.checkpoint_files import latest_checkpoint
+
+            resume = latest_checkpoint(self.ckpt_dir, on_skip=None)
+        where = f"resume from {resume} (re-run the same command)" if resume else "no checkpoint was written yet"
+        fix = "lower optim.lr or set trainer.gradient_clip_val" + (f", {alt}" if alt else "")
+        return f"training stopped: {what}; {last}; {where}; {fix}"
+
+    # -- saves --------------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self.check(trainer)
+        tensors = list(pl_module.parameters())
+        for opt in trainer.optimizers:
+            for st in opt.state.values():
+                tensors += [v for v in st.values() if torch.is_tensor(v)]
+        bad = bool(_any_nonfinite(tensors, pl_module.device))
+        if trainer.strategy.reduce_boolean_decision(bad, all=False):
+            raise NonFiniteError(self._message(trainer, f"refusing to write the checkpoint of step "
+                                                        f"{trainer.global_step}: the weights or the optimizer state hold "
+                                                        "NaN/Inf", *self._last_loss()))
+        checkpoint["nonfinite_steps"] = int(self._state[_TOTAL]) if self._state is not None else 0
+
+    def _last_loss(self) -> tuple[float, float]:
+        if self._state is None:
+            return float("nan"), -1.0
+        return float(self._state[_LOSS]), float(self._state[_LOSS_STEP])
