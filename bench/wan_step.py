@@ -4,6 +4,11 @@
     python bench/wan_step.py --mode full --out bench/results/wan_1_3b_full_h100.json
     # the denoising step of vfm generate (CFG: conditional + unconditional) against diffusers' two transformer calls
     python bench/wan_step.py --mode infer --out bench/results/wan_1_3b_infer_h100.json
+    # LoRA (rank 32 on every attention and FFN linear) step of Wan-1.3B: ours vs diffusers + peft (gradient checkpointing)
+    python bench/wan_step.py --mode lora --out bench/results/wan_1_3b_lora_h100.json
+    # Wan-14B LoRA on one 80 GB GPU, no FSDP: frozen bf16 base, full activation checkpointing (memory and s/step)
+    python bench/wan_step.py --mode lora --model t2v_14b --cases ours --steps 5 --warmup 2 \
+        --out bench/results/wan_14b_lora_h100.json
     # CPU smoke run (what the tests do)
     python bench/wan_step.py --device cpu --tiny --mode full
 
@@ -13,6 +18,10 @@ Modes (``MODES``; one function per mode returns ``{case: step closure}`` for our
   fp32 master weights, fused AdamW) for both. Ours: blocks compiled (``nemo_vfm.parallel.compile``) with
   activation checkpointing ``--ac`` (default full: at 32,760 tokens the un-checkpointed activations of 30 blocks
   exceed 80 GB); diffusers: ``enable_gradient_checkpointing()``, its usual training setting.
+* ``lora``: LoRA fine-tune step (``--lora-rank``/``--lora-alpha`` on every attention and FFN linear; frozen bf16
+  base, adapters with fp32 master weights and fused AdamW). Ours: ``nemo_vfm.models.common.lora`` adapters,
+  compiled blocks, ``--ac``; diffusers: peft adapters (``add_adapter``) on the same linears with
+  ``enable_gradient_checkpointing()``. ``--model t2v_14b --cases ours``: the 14B LoRA step on one GPU.
 * ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network,
   conditional and unconditional in one batch of 2; ``--compile`` = ``vfm generate --compile``) against
   diffusers' ``WanPipeline`` step (two transformer calls of batch 1), no autograd.
@@ -39,10 +48,10 @@ LATENT = (21, 60, 104)  # 480x832 px, 81 frames through the Wan VAE (4x temporal
 TINY_LATENT = (2, 4, 4)
 
 
-def wan_config(tiny: bool):
+def wan_config(tiny: bool, model: str = "t2v_1_3b"):
     from nemo_vfm.models.wan.flavors import wan_config as flavor
 
-    return flavor("tiny") if tiny else flavor("t2v_1_3b")
+    return flavor("tiny") if tiny else flavor(model)
 
 
 def make_inputs(cfg, latent, batch: int, device, dtype, seed: int = 0) -> dict:
@@ -160,11 +169,86 @@ def infer_cases(a, cfg, device) -> dict:
     return {"ours": ours, "diffusers": theirs}
 
 
-MODES = {"full": full_cases, "infer": infer_cases}  # the LoRA variant adds "lora": lora_cases
+# LoRA targets: every attention and FFN linear of a block, in our names and in diffusers' (peft suffix match)
+LORA_TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
+                "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
+PEFT_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
+
+
+def ours_lora_model(cfg, device, dtype, rank: int, alpha: float):
+    """Our Wan with LoRA adapters: built on the meta device in ``dtype``, allocated once on ``device`` (a 14B
+    model never exists in fp32 there), initialised, adapted; the base is frozen."""
+    from nemo_vfm.models.common.lora import LoRAConfig, apply_lora
+
+    torch.manual_seed(0)
+    model = cfg.build("meta").to(dtype)
+    model.to_empty(device=device)
+    model.init_weights()
+    apply_lora(model, LoRAConfig(rank=rank, alpha=alpha, targets=LORA_TARGETS))
+    return model
+
+
+def lora_cases(a, cfg, device) -> dict:
+    """LoRA fine-tune steps (frozen bf16 base, adapters with fp32 master weights and fused AdamW):
+    {"ours": step, "diffusers": step}; diffusers' model gets peft adapters (``add_adapter``) on the same linears
+    and gradient checkpointing, as diffusers' Wan LoRA training scripts run it."""
+    from nemo_vfm.models.wan.flavors import wan_objective
+    from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
+    from nemo_vfm.parallel.compile import compile_blocks
+
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    objective = wan_objective("t2v_1_3b")
+    inp = make_inputs(cfg, a.latent, a.batch, device, dtype)
+
+    def optimizer(model):
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if dtype == torch.bfloat16:
+            return MasterWeights(trainable, _adamw(device)), trainable
+        return torch.optim.AdamW(trainable, lr=1e-4), trainable
+
+    def make_step(net, opt):
+        def step():
+            loss, _ = objective.training_loss(net, inp["x0"], {"context": inp["context"]})
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        return step
+
+    def ours():
+        model = ours_lora_model(cfg, device, dtype, a.lora_rank, a.lora_alpha).train()
+        apply_activation_checkpointing(model.blocks, a.ac, a.ac_every)
+        if a.compile:
+            compile_blocks(model.blocks)
+        opt, trainable = optimizer(model)
+        a.trainable_params = sum(p.numel() for p in trainable)
+        return make_step(model, opt)
+
+    def theirs():
+        from peft import LoraConfig
+
+        model = _diffusers_model(cfg, device, dtype).train()
+        model.requires_grad_(False)
+        model.add_adapter(LoraConfig(r=a.lora_rank, lora_alpha=a.lora_alpha, init_lora_weights=True,
+                                     target_modules=PEFT_TARGETS))
+        model.enable_gradient_checkpointing()
+        opt, trainable = optimizer(model)
+        a.trainable_params_diffusers = sum(p.numel() for p in trainable)
+
+        def net(x, t, context):
+            return model(x, t * 1000, context, return_dict=False)[0]
+
+        return make_step(net, opt)
+
+    return {"ours": ours, "diffusers": theirs}
+
+
+MODES = {"full": full_cases, "infer": infer_cases, "lora": lora_cases}
 
 
 def run(a, device) -> dict:
-    cfg = wan_config(a.tiny)
+    cfg = wan_config(a.tiny, a.model)
     cases = MODES[a.mode](a, cfg, device)
     out = {}
     for name in a.cases:
@@ -189,6 +273,10 @@ def parse_args(argv=None):
     p.add_argument("--mode", default="full", choices=sorted(MODES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="a tiny Wan and latent (CPU smoke run)")
+    p.add_argument("--model", default="t2v_1_3b", choices=("t2v_1_3b", "t2v_14b"),
+                   help="Wan flavor (t2v_14b: --mode lora --cases ours, one GPU)")
+    p.add_argument("--lora-rank", type=int, default=32)
+    p.add_argument("--lora-alpha", type=float, default=32.0)
     p.add_argument("--latent", default=None, help="T,H,W of the latent (default 21,60,104; --tiny: 2,4,4)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
@@ -218,14 +306,18 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     if device.type == "cuda":
         set_sdpa_backend(a.sdpa)
-    cfg = wan_config(a.tiny)
+    cfg = wan_config(a.tiny, a.model)
     tokens = 1
     for n, pt in zip(a.latent, cfg.patch_size):
         tokens *= n // pt
-    result = {**environment(device, a.commit), "mode": a.mode, "model": "tiny" if a.tiny else "t2v_1_3b",
+    result = {**environment(device, a.commit), "mode": a.mode, "model": "tiny" if a.tiny else a.model,
               "latent": list(a.latent), "tokens": tokens, "batch": a.batch, "precision": a.precision,
               "compile": a.compile, "ac": a.ac if a.mode == "full" else None, "sdpa": a.sdpa,
               "results": run(a, device)}
+    if a.mode == "lora":
+        result.update(lora_rank=a.lora_rank, lora_alpha=a.lora_alpha,
+                      trainable_params=getattr(a, "trainable_params", None),
+                      trainable_params_diffusers=getattr(a, "trainable_params_diffusers", None))
     text = json.dumps(result, indent=1)
     print(text)
     if a.out:

@@ -12,7 +12,8 @@ factory, a bad override such as ``model.bogus=1``) exit non-zero. Add ``-v`` for
 import sys
 
 RECIPE_MODULES = ("nemo_vfm_recipes.dit", "nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
-                  "nemo_vfm_recipes.moviegen", "nemo_vfm_recipes.upstream", "nemo_vfm_recipes.moe")
+                  "nemo_vfm_recipes.moviegen", "nemo_vfm_recipes.upstream", "nemo_vfm_recipes.moe",
+                  "nemo_vfm_recipes.finetune")
 
 
 def register_recipes() -> None:

@@ -115,9 +115,14 @@ def validate(model, data) -> None:
 
 
 def _sample_fn(data, sampling, fps):
-    """Preview sampler for SampleVideos: the first captions of the dataset, decoded by its tokenizer."""
+    """Preview sampler for SampleVideos: the first captions of the dataset, decoded by its tokenizer. When
+    the captions are synthetic-shapes captions, the videos are scored against them
+    (:mod:`nemo_vfm.evaluation.shapes`): the per-video table goes to ``stem.json``, the rates to the logs."""
 
     def fn(module, stem):
+        import json
+
+        from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
         from nemo_vfm.inference.generate import generate_videos, write_videos
 
         tokenizer, text_encoder = data.build_encoders()
@@ -125,7 +130,12 @@ def _sample_fn(data, sampling, fps):
         videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
                                     data.latent_shape, sampling, device=module.device, fps=fps)
         upscale = max(1, 128 // max(videos.shape[-2:]))
-        return write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
+        files = write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
+        if not prompts or not all(is_shapes_caption(p) for p in prompts):
+            return files
+        report = score_videos(videos, prompts)
+        Path(stem).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        return files + [Path(stem).with_suffix(".json")], metric_logs(report)
 
     return fn
 
@@ -152,13 +162,43 @@ class InitFrom(lightning.Callback):
             print(f"initialised from {info.path} (step {info.step})")
 
 
+def _check_pretrained(model) -> None:
+    """Fine-tuning from published weights: the folder must exist."""
+    if getattr(model, "pretrained", None) and not Path(model.pretrained).exists():
+        raise FileNotFoundError(f"model.pretrained={model.pretrained} does not exist; point it at the published "
+                                "weights folder (diffusers or original layout)")
+
+
+def _write_class_samples(model, objective, data, init_from, sampling) -> None:
+    """DreamBooth prior preservation: the base model (``init_from``) draws the missing class videos."""
+    if init_from is None and not getattr(model, "pretrained", None):
+        raise ValueError("prior preservation draws class samples from the base model: set init_from (or "
+                         f"model.pretrained), or fill data.class_data={data.class_data} with class videos yourself")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"data.class_data={data.class_data} lacks {data.missing_class_samples} class videos; draw them "
+                         "in one process first (the same command without torchrun), then launch the distributed run")
+    from nemo_vfm.inference.checkpoint import load_pretrained
+    from nemo_vfm.inference.class_samples import write_class_samples
+
+    net = model.build()  # a config with `pretrained` (Wan) loads its weights here
+    if init_from is not None:
+        load_pretrained(net, init_from)
+    n = data.missing_class_samples
+    print(f"prior preservation: drawing {n} videos of {data.class_prompt!r} from the base model")
+    write_class_samples(net, objective, data, n, sampling)
+    del net
+
+
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
-          cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None) -> dict:
+          cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
     """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).
 
     ``init_from``: a checkpoint (file, DCP folder, or experiment folder: its newest) whose weights this run starts
-    from, as the staged recipes do with the previous stage's run; ignored when this run resumes its own checkpoint.
+    from, as the staged recipes do with the previous stage's run and fine-tuning does with a base model; ignored
+    when this run resumes its own checkpoint. Published weights (a Wan folder) load through the model config
+    (``model.pretrained``). ``lora`` (a ``LoRAConfig``): adapters added to the network before it is parallelised;
+    only they train (the base weights come from ``init_from`` / ``model.pretrained``).
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
     """
@@ -179,6 +219,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     optim = optim or OptimConfig()
     log = log or ExperimentConfig()
     sampling = sampling or SamplingConfig()
+    _check_pretrained(model)
     validate(model, data)
     if init_from is not None:
         from nemo_vfm.inference.checkpoint import resolve_checkpoint
@@ -195,7 +236,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     if log.resume:  # every rank picks the same one (the checks only read); rank 0 moves unusable ones aside
         resume = ckpt_files.find_resume(ckpt_dir, allow_pickle=log.allow_pickle, move=rank == 0)
         if resume is not None:  # before config.yaml is overwritten: one clear error for a changed model
-            ckpt_files.check_resumable(resume, model, allow_pickle=log.allow_pickle)
+            ckpt_files.check_resumable(resume, model, allow_pickle=log.allow_pickle, lora=lora)
     elif rank == 0 and (moved := ckpt_files.move_aside(exp_dir)) is not None:
         print(f"log.resume=false: moved the earlier run in {exp_dir} aside to {moved}")
     if rank == 0:
@@ -203,7 +244,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         exp_dir.mkdir(parents=True, exist_ok=True)
         config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
                   "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed,
-                  "init_from": init_from}
+                  "init_from": init_from, "lora": lora}
         tmp = exp_dir / f".config.yaml.tmp{os.getpid()}"  # atomic: a full disk leaves the old config.yaml whole
         try:
             tmp.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
@@ -212,7 +253,10 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
             tmp.unlink(missing_ok=True)
 
     L.seed_everything(seed, workers=True, verbose=False)
-    module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed)
+    if getattr(data, "missing_class_samples", 0) and resume is None:
+        _write_class_samples(model, objective, data, init_from, sampling)
+    module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
+                             lora=lora)
     if hasattr(data, "build_encoders"):
         module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
                                         "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
@@ -269,7 +313,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     loss = pl_trainer.callback_metrics.get("train/loss")
     summary = {"exp_dir": str(exp_dir), "checkpoint": str(last), "step": pl_trainer.global_step,
                "loss": float(loss) if loss is not None else None,
-               "samples": [str(p) for p in (samples.written if samples else [])]}
+               "samples": [str(p) for p in (samples.written if samples else [])],
+               "sample_metrics": samples.metrics.get(pl_trainer.global_step, {}) if samples else {}}
     if rank == 0:
-        print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items() if k != "samples"))
+        print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items()
+                                               if k not in ("samples", "sample_metrics")))
     return summary

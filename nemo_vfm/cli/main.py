@@ -16,8 +16,10 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("nemo_vfm.cli.train", "train from a recipe factory (forwards to launchers/train.py)"),
     "generate": ("nemo_vfm.cli.generate", "sample videos from a trained checkpoint"),
+    "evaluate": ("nemo_vfm.cli.evaluate", "score samples of a checkpoint trained on the synthetic shapes data"),
     "curate": ("nemo_vfm.cli.curate", "curate raw videos into captioned clips in webdataset shards (Ray)"),
     "prepare": ("nemo_vfm.cli.prepare", "clips + captions -> tokenized, text-encoded Energon shards (resumable)"),
+    "export": ("nemo_vfm.cli.export", "a checkpoint as LoRA adapters or a diffusers/original model folder"),
 }
 
 

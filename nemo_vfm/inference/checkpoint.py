@@ -17,6 +17,7 @@ Three kinds of checkpoint, all usable under any generation layout (one GPU, CP, 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ class CheckpointInfo:
     generation: dict
     step: int
     _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
+    lora: object = None  # the LoRAConfig of a LoRA run (its adapters are merged into the weights on loading)
 
 
 def _latest(folder: Path) -> Path | None:
@@ -120,7 +122,7 @@ def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> Che
     if "model_config" not in hp:
         raise ValueError(f"{path} was not written by nemo_vfm.train (no model_config in its hyper-parameters)")
     return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], dict(hp.get("generation") or {}), step,
-                          state)
+                          state, hp.get("lora"))
 
 
 def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> CheckpointInfo:
@@ -177,7 +179,20 @@ def _prefix(keys, use_ema: bool, root: str = "") -> str:
 
 
 def full_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
-    """All weights as full tensors in this process (for export and for small models)."""
+    """All weights as full tensors in this process (for export and for small models); a LoRA run's
+    adapters are merged into their base weights (plain model keys)."""
+    state = raw_state_dict(info, use_ema)
+    from nemo_vfm.models.common.lora import has_lora, merge_lora_state_dict
+
+    if has_lora(state):
+        if info.lora is None:
+            raise ValueError(f"{info.path} holds LoRA adapters but no LoRA config (rank/alpha) to merge them with")
+        state = merge_lora_state_dict(state, info.lora.scale)
+    return state
+
+
+def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
+    """All weights as saved (LoRA runs: ``.base.`` / ``.lora_A.`` / ``.lora_B.`` keys), full tensors."""
     if info.kind == "file":
         p = _prefix(info._state, use_ema)
         return {k[len(p):]: v for k, v in info._state.items() if k.startswith(p)}
@@ -222,9 +237,26 @@ def _copy_full(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
         dst.copy_(full)
 
 
+def _base_view(own: dict) -> dict:
+    """A LoRA network's state dict under the plain model's names: ``p.base.weight`` as ``p.weight`` (the same
+    tensors), adapters left out."""
+    paths = {k.split(".lora_A.")[0] for k in own if ".lora_A." in k}
+    out = {}
+    for k, v in own.items():
+        if ".lora_A." in k or ".lora_B." in k:
+            continue
+        head, _, leaf = k.rpartition(".")
+        if head.endswith(".base") and head[: -len(".base")] in paths:
+            k = f"{head[: -len('.base')]}.{leaf}"
+        out[k] = v
+    return out
+
+
 def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
     """Fill ``net`` (plain or parallelised, any dtype/device) with the checkpoint's weights (strict); refuses
-    weights that hold NaN or Inf."""
+    weights that hold NaN or Inf. A network with LoRA adapters takes a plain checkpoint's weights as its base
+    weights (adapters keep their values), and a LoRA run's weights as saved; a plain network takes a LoRA run's
+    weights merged."""
     _load_weights(net, info, use_ema)
     check_finite_weights(net, info.path)
 
@@ -248,12 +280,19 @@ def check_finite_weights(net: torch.nn.Module, path) -> None:
 
 
 def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
+    own = net.state_dict()
+    net_lora = any(".lora_A." in k for k in own)
     if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
+        if net_lora:
+            raise ValueError(f"{info.path} is a Wan folder: for LoRA, load it through model.pretrained (read before "
+                             "the adapters are added), not init_from")
         from nemo_vfm.models.wan.convert import load_weights as load_wan
 
         return load_wan(net, info.path)
-    own = net.state_dict()
-    if info.kind == "dcp":
+    if net_lora and info.lora is None:  # a plain checkpoint into a LoRA network: its base weights, adapters kept
+        own = _base_view(own)
+    raw = net_lora and info.lora is not None  # LoRA run into a LoRA network: the saved keys as they are
+    if info.kind == "dcp" and (info.lora is None or raw):  # else: adapters merged on the full tensors (below)
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
@@ -275,7 +314,7 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
             for k, v in own.items():
                 _copy_full(v, f.get_tensor(k), k)
         return
-    state = full_state_dict(info, use_ema)
+    state = raw_state_dict(info, use_ema) if raw else full_state_dict(info, use_ema)
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
         raise ValueError(f"{info.path} does not match this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
@@ -288,7 +327,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_em
     """Rebuild the network in this process from any checkpoint kind (a ``.ckpt`` file, a DCP folder, a
     safetensors export, or an experiment folder: its newest checkpoint)."""
     info = read_checkpoint_info(path, allow_pickle)
-    net = info.model_config.build()
+    cfg = info.model_config
+    if getattr(cfg, "pretrained", None):  # the checkpoint holds every weight: do not read the base model again
+        cfg = dataclasses.replace(cfg, pretrained=None)
+    net = cfg.build()
     load_weights(net, info, use_ema)
     return LoadedModel(net.to(device).eval(), info.objective, info.model_config, info.generation, info.step)
 
@@ -312,3 +354,41 @@ def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = T
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata={META_KEY: header})
     os.replace(tmp, out_file)
     return out_file
+
+
+def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
+    """Initialise a freshly built network from pretrained weights (fine-tuning; not a resume: no optimizer
+    state, step 0): one of our checkpoints (``.ckpt`` file, DCP folder, experiment folder, safetensors
+    export; EMA weights when present, LoRA runs merged) or a published release that the family's
+    ``convert`` module reads (``load_weights(net, path)``: a Wan folder in the diffusers or original layout)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"pretrained weights not found: {path}; set init_from to a checkpoint, an experiment "
+                                "folder or a published weights folder/file")
+    ours = False
+    if path.is_dir():
+        ours = (path / ".metadata").exists() or _latest(path / "checkpoints") or _latest(path)
+    elif path.suffix == ".ckpt":
+        ours = True
+    elif path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            ours = META_KEY in (f.metadata() or {})
+    if ours:
+        load_weights(net, read_checkpoint_info(path))
+        return
+    convert = family_convert(net)
+    if convert is None or not hasattr(convert, "load_weights"):
+        raise ValueError(f"{path} is not a nemo_vfm checkpoint and {type(net).__name__} has no converter for published "
+                         "weights (<family>.convert.load_weights); pass a checkpoint written by nemo_vfm")
+    convert.load_weights(net, path)
+
+
+def family_convert(net_or_config):
+    """The ``convert`` module of a model family (published-weights converters), or None."""
+    package = type(net_or_config).__module__.rsplit(".", 1)[0]
+    try:
+        return importlib.import_module(package + ".convert")
+    except ModuleNotFoundError:
+        return None

@@ -161,9 +161,9 @@ def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object]:
     return shapes, (meta.get("hyper_parameters") or {}).get("model_config")
 
 
-def check_resumable(path: Path, model_config, allow_pickle: bool = False) -> None:
-    """Raise one clear error when the checkpoint's network does not fit ``model_config`` (before anything is
-    written or built for real: the network is built on the meta device)."""
+def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=None) -> None:
+    """Raise one clear error when the checkpoint's network does not fit ``model_config`` (with ``lora``'s adapters)
+    (before anything is written or built for real: the network is built on the meta device)."""
     import dataclasses
 
     saved, old_cfg = _checkpoint_shapes(Path(path), allow_pickle)
@@ -174,6 +174,10 @@ def check_resumable(path: Path, model_config, allow_pickle: bool = False) -> Non
     except TypeError:
         with torch.device("meta"):
             net = model_config.build()
+    if lora is not None:
+        from nemo_vfm.models.common.lora import apply_lora
+
+        apply_lora(net, lora)
     own = {f"model.{k}": tuple(v.shape) for k, v in net.state_dict().items()}
     # keys may differ in wrappers; compare the shapes of the names both have, and the names themselves
     diff = [(k, saved[k], own[k]) for k in sorted(set(saved) & set(own)) if saved[k] != own[k]]

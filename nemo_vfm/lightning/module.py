@@ -66,16 +66,18 @@ class DiffusionModule(L.LightningModule):
     """``model_config`` builds the network (``.build(device)``); ``objective`` is EDM or FlowMatching."""
 
     def __init__(self, model_config, objective, optim: OptimConfig | None = None, ema_decay: float | None = 0.9999,
-                 cond_dropout: float = 0.1, seed: int = 0):
+                 cond_dropout: float = 0.1, seed: int = 0, lora=None):
         super().__init__()
         self.model_config, self.objective = model_config, objective
         self.optim = optim or OptimConfig()
         self.ema_decay, self.cond_dropout, self.seed = ema_decay, cond_dropout, seed
+        self.lora = lora  # LoRAConfig: adapters added in configure_model, before the strategy parallelises
         self.model: torch.nn.Module | None = None
         self.ema: torch.nn.Module | None = None
         self.step_metrics: dict = {}  # the last step's loss and logs (device tensors): see _log_step
         # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
-        self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay})
+        self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay,
+                                   "lora": lora})
 
     def configure_model(self):
         """Build the network once (Lightning calls this on the target device / under the strategy)."""
@@ -88,6 +90,10 @@ class DiffusionModule(L.LightningModule):
                 raise TypeError(f"pipeline parallelism needs an objective with {missing} (as EDM and FlowMatching "
                                 f"have); {type(self.objective).__name__} has not.")
         self.model = self.model_config.build()
+        if self.lora is not None:
+            from nemo_vfm.models.common.lora import apply_lora
+
+            apply_lora(self.model, self.lora)
         if self.ema_decay:
             self.ema = copy.deepcopy(self.model).requires_grad_(False)
 
@@ -232,7 +238,7 @@ class DiffusionModule(L.LightningModule):
         decay = min(self.ema_decay, (1 + step) / (10 + step))
         from torch.distributed.tensor import DTensor
 
-        pairs = list(zip(self.ema.parameters(), self.model.parameters()))
+        pairs = [(e, m) for e, m in zip(self.ema.parameters(), self.model.parameters()) if m.requires_grad]
         for dtensor in (True, False):  # foreach kernels reject lists that mix DTensors (TP) and plain tensors
             part = [(e, m.detach()) for e, m in pairs if isinstance(e, DTensor) == dtensor]
             if part:

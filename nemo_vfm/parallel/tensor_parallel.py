@@ -10,6 +10,11 @@ A plan maps module paths *inside one transformer block* to a style name:
 
 Without sequence parallel every TP rank holds all tokens between sub-layers; with it, each holds
 ``1/tp`` of them, so norms, modulation and residual adds run on the local slice.
+
+An entry whose path holds a LoRA adapter (``nemo_vfm.models.common.lora.LoRALinear``) is expanded into
+its base layer and its two adapter layers, with three more styles: ``colwise_replicate`` (output
+features split, then gathered), ``rowwise_replicate`` (partial outputs summed onto every rank) and
+``colwise_out`` (output features split, then laid out as a rowwise layer's output).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-STYLES = ("colwise", "rowwise", "sp_input")
+STYLES = ("colwise", "rowwise", "sp_input", "colwise_replicate", "rowwise_replicate", "colwise_out")
 
 
 def style_for(name: str, sequence_parallel: bool, n_inputs: int = 1):
@@ -33,6 +38,12 @@ def style_for(name: str, sequence_parallel: bool, n_inputs: int = 1):
         return ColwiseParallel()
     if name == "rowwise":
         return RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
+    if name == "colwise_replicate":
+        return ColwiseParallel(output_layouts=Replicate())
+    if name == "rowwise_replicate":
+        return RowwiseParallel(output_layouts=Replicate())
+    if name == "colwise_out":
+        return ColwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate())
     if name == "sp_input":
         if not sequence_parallel:
             return None
@@ -61,7 +72,14 @@ def apply_tensor_parallel(
     for block in blocks:
         names = dict(block.named_modules())
         torch_plan = {}
+        expanded = {}
         for path, style in plan.items():
+            tp_entries = getattr(names.get(path), "tp_entries", None)  # a LoRA adapter: base + lora_A + lora_B
+            if tp_entries is not None:
+                expanded.update(tp_entries(path, style))
+            else:
+                expanded[path] = style
+        for path, style in expanded.items():
             if path not in names:
                 continue
             s = style_for(style, sequence_parallel, sp_input_arity.get(path, 1))

@@ -23,8 +23,6 @@ Legend: B batch, C latent channels, T/H/W latent size, (t, h, w) patch grid, S =
 (t-major), L text tokens, D hidden, Hn heads, Dh head dim.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 
@@ -89,7 +87,7 @@ class WanConfig:
         """Channels of ``cond_latents`` (I2V: mask + image latents); 0 for T2V."""
         return self.in_channels - self.out_channels if self.is_i2v else 0
 
-    def build(self, device: str | torch.device | None = None) -> WanModel:
+    def build(self, device: str | torch.device | None = None) -> "WanModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated;
         call ``to_empty`` and ``init_weights()`` after parallelizing)."""
         if str(device) == "meta":

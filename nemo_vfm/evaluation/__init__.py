@@ -1,0 +1,1 @@
+"""Sample-quality metrics (synthetic shapes data: :mod:`nemo_vfm.evaluation.shapes`)."""

@@ -1,0 +1,175 @@
+"""Fine-tuning recipes: Wan 2.1 full and LoRA fine-tuning, and DreamBooth (our DiT and Wan).
+
+Every recipe starts from pretrained weights: Wan recipes read a Wan folder (diffusers or original
+layout) through ``model.pretrained=PATH``; DiT recipes read one of our checkpoints through
+``init_from=PATH`` (a ``.ckpt``, an experiment folder, a safetensors export). A run that resumes from its
+own checkpoints does not reload them. See docs/finetuning.md.
+
+CLI::
+
+    python launchers/train.py --factory lora_wan_1_3b --yes model.pretrained=/models/Wan2.1-T2V-1.3B-Diffusers \
+        data.path=data/wan_prepared lora.rank=32
+    torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_14b --yes \
+        model.pretrained=/models/Wan2.1-T2V-14B-Diffusers data.path=data/wan_prepared
+    python launchers/train.py --factory dreambooth --yes init_from=demo_output/quickstart \
+        data.instance_data=my_subject/ data.instance_prompt="a sks square"
+
+Python::
+
+    from nemo_vfm_recipes import finetune
+    recipe = finetune.with_lora(finetune.finetune_wan_1_3b(), rank=64)
+    recipe.model.pretrained = "/models/Wan2.1-T2V-1.3B-Diffusers"
+"""
+
+import nemo_run as run
+
+from nemo_vfm.data.dreambooth import DreamBoothDataModule
+from nemo_vfm.diffusion.flow_matching import FlowMatching
+from nemo_vfm.inference.generate import SamplingConfig
+from nemo_vfm.lightning.module import OptimConfig
+from nemo_vfm.lightning.strategy import VFMParallelStrategy
+from nemo_vfm.models.common.lora import LoRAConfig
+from nemo_vfm.models.wan.flavors import FLAVORS as WAN_FLAVORS
+from nemo_vfm.models.wan.flavors import SAMPLING as WAN_SAMPLING
+from nemo_vfm.models.wan.model import WanConfig
+from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+from nemo_vfm_recipes import dit, parallel
+from nemo_vfm_recipes.data import energon_datamodule
+
+# LoRA on every attention and MLP linear of a Wan block (our module paths; diffusers: attn1.to_q ... ffn.net.2)
+WAN_LORA_TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
+                    "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
+# Where the published weights are expected unless model.pretrained says otherwise
+WAN_WEIGHTS = {"t2v_1_3b": "checkpoints/Wan2.1-T2V-1.3B-Diffusers", "t2v_14b": "checkpoints/Wan2.1-T2V-14B-Diffusers"}
+
+
+def wan_model(flavor: str, pretrained: str | None = None) -> run.Config[WanConfig]:
+    """A Wan flavor that loads ``pretrained`` (a Wan folder, either layout) when built."""
+    return run.Config(WanConfig, **WAN_FLAVORS[flavor], pretrained=pretrained or WAN_WEIGHTS.get(flavor))
+
+
+def wan_objective(flavor: str) -> run.Config[FlowMatching]:
+    """Wan's training objective: rectified flow, uniform times shifted by the flavor's shift."""
+    return run.Config(FlowMatching, shift=WAN_SAMPLING[flavor]["shift"], time_sampling="uniform")
+
+
+def with_lora(recipe: run.Partial, rank: int = 32, alpha: float | None = None, dropout: float = 0.0,
+              targets: tuple[str, ...] | None = None, frozen_dtype: str | None = None,
+              lr: float = 1e-4) -> run.Partial:
+    """Train LoRA adapters instead of every weight: the base is frozen (no gradients, no optimizer state, no
+    EMA copy), ``alpha`` defaults to ``rank`` (scale 1), ``targets`` to the family's attention and MLP linears."""
+    recipe.lora = run.Config(LoRAConfig, rank=rank, alpha=float(alpha or rank), dropout=dropout,
+                             targets=tuple(targets) if targets else None, frozen_dtype=frozen_dtype)
+    recipe.ema_decay = None
+    recipe.optim.lr = lr
+    return recipe
+
+
+def _finetune_wan(flavor: str, name: str) -> run.Partial:
+    return run.Partial(
+        train,
+        model=wan_model(flavor),
+        # `vfm prepare tokenizer=wan text_encoder=umt5 ...` output: Wan VAE latents + UMT5 states, bucketed
+        data=energon_datamodule(path="data/wan_prepared", micro_batch_size=1, patch_size=(1, 2, 2)),
+        trainer=run.Config(TrainerConfig, max_steps=2000, precision="bf16-mixed", log_every_n_steps=10,
+                           checkpoint_every_n_steps=250, gradient_clip_val=1.0),
+        objective=wan_objective(flavor),
+        optim=run.Config(OptimConfig, lr=1e-5, weight_decay=0.0, warmup_steps=50, betas=(0.9, 0.999)),
+        log=run.Config(ExperimentConfig, name=name, root="experiments"),
+        sampling=run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50, guidance=5.0),
+        ema_decay=None,
+        cond_dropout=0.1,
+        seed=1234,
+    )
+
+
+@run.cli.factory(target=train)
+def finetune_wan_1_3b() -> run.Partial:
+    """Full fine-tuning of Wan2.1-T2V-1.3B on prepared data, bf16 autocast, FSDP2 with full activation
+    checkpointing over the GPUs given.
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_1_3b --yes model.pretrained=DIR``
+    Python: ``recipe = finetune.finetune_wan_1_3b(); recipe.model.pretrained = DIR``
+    """
+    recipe = _finetune_wan("t2v_1_3b", "finetune_wan_1_3b")
+    return parallel.with_fsdp(recipe, activation_checkpointing="full")
+
+
+@run.cli.factory(target=train)
+def finetune_wan_14b() -> run.Partial:
+    """Full fine-tuning of Wan2.1-T2V-14B: FSDP2 (bf16 compute, fp32 reduce) + context parallel 2 (ring) and
+    full activation checkpointing; 8+ GPUs of 80 GB.
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_14b --yes model.pretrained=DIR``
+    Python: ``recipe = finetune.finetune_wan_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
+    """
+    recipe = _finetune_wan("t2v_14b", "finetune_wan_14b")
+    return parallel.with_cp(parallel.with_fsdp(recipe, activation_checkpointing="full"), 2)
+
+
+@run.cli.factory(target=train)
+def lora_wan_1_3b() -> run.Partial:
+    """LoRA (rank 32, alpha 32) on the attention and MLP linears of Wan2.1-T2V-1.3B; one GPU, compiled blocks.
+    CLI: ``python launchers/train.py --factory lora_wan_1_3b --yes model.pretrained=DIR lora.rank=64``
+    Python: ``recipe = finetune.lora_wan_1_3b(); recipe.lora.rank = 64``
+    """
+    recipe = with_lora(_finetune_wan("t2v_1_3b", "lora_wan_1_3b"), rank=32, targets=WAN_LORA_TARGETS)
+    recipe.trainer.strategy = run.Config(VFMParallelStrategy, compile=True)
+    return recipe
+
+
+@run.cli.factory(target=train)
+def lora_wan_14b() -> run.Partial:
+    """LoRA (rank 32) on Wan2.1-T2V-14B: the frozen base in bf16, full activation checkpointing; one 80 GB
+    GPU at 480p, FSDP2 over more.
+    CLI: ``python launchers/train.py --factory lora_wan_14b --yes model.pretrained=DIR``
+    Python: ``recipe = finetune.lora_wan_14b(); recipe.lora.rank = 16``
+    """
+    recipe = with_lora(_finetune_wan("t2v_14b", "lora_wan_14b"), rank=32, targets=WAN_LORA_TARGETS,
+                       frozen_dtype="bf16")
+    return parallel.with_fsdp(recipe, activation_checkpointing="full")
+
+
+@run.cli.factory(target=train)
+def dreambooth() -> run.Partial:
+    """DreamBooth on the quickstart DiT (``make demo``'s checkpoint): a handful of clips of one subject in
+    ``data.instance_data`` with ``data.instance_prompt``; prior preservation (on by default) draws
+    ``data.num_class_samples`` videos of ``data.class_prompt`` from the base model first. Full fine-tuning;
+    ``finetune.with_lora(recipe)`` for adapters. CPU, minutes.
+    CLI: ``python launchers/train.py --factory dreambooth --yes init_from=demo_output/quickstart data.instance_data=DIR``
+    Python: ``recipe = finetune.dreambooth(); recipe.data.instance_prompt = "a sks square"``
+    """
+    recipe = dit.quickstart()
+    recipe.data = run.Config(
+        DreamBoothDataModule, instance_data="dreambooth/instance", instance_prompt="a sks shape moving right",
+        class_data="dreambooth/class", class_prompt="a shape moving right", prior_preservation=True,
+        num_class_samples=16, prior_loss_weight=1.0, num_frames=8, height=32, width=32, fps=8.0, batch_size=8,
+        tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, text_encoder="hash",
+        text_encoder_kwargs={"dim": 64, "max_length": 12})
+    recipe.init_from = "demo_output/quickstart"
+    recipe.trainer.max_steps = 150
+    recipe.trainer.checkpoint_every_n_steps = 50
+    recipe.optim = run.Config(OptimConfig, lr=2e-4, warmup_steps=10, schedule="constant")
+    recipe.sampling = run.Config(SamplingConfig, num_steps=24, guidance=3.0, num_samples=1)
+    recipe.ema_decay = None
+    recipe.log.name = "dreambooth"
+    return recipe
+
+
+@run.cli.factory(target=train)
+def dreambooth_wan_1_3b() -> run.Partial:
+    """DreamBooth with LoRA on Wan2.1-T2V-1.3B: 33-frame 480x832 clips (or images) of the subject, the Wan VAE
+    and UMT5 from the same Wan pipeline folder, prior preservation from the base model's own samples.
+    CLI: ``python launchers/train.py --factory dreambooth_wan_1_3b --yes model.pretrained=DIR data.instance_data=SUBJ``
+    Python: ``recipe = finetune.dreambooth_wan_1_3b(); recipe.data.instance_prompt = "a sks dog"``
+    """
+    recipe = lora_wan_1_3b()
+    weights = WAN_WEIGHTS["t2v_1_3b"]
+    recipe.data = run.Config(
+        DreamBoothDataModule, instance_data="dreambooth/instance", instance_prompt="a sks dog",
+        class_data="dreambooth/class", class_prompt="a dog", prior_preservation=True, num_class_samples=50,
+        prior_loss_weight=1.0, num_frames=33, height=480, width=832, fps=16.0, batch_size=1,
+        tokenizer="wan", tokenizer_kwargs={"path": weights, "dtype": "bf16", "device": "cuda"}, text_encoder="umt5",
+        text_encoder_kwargs={"path": weights, "max_length": 512, "dtype": "bf16", "device": "cuda"})
+    recipe.trainer.max_steps = 500
+    recipe.sampling = run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50, guidance=5.0)
+    recipe.log.name = "dreambooth_wan_1_3b"
+    return recipe
