@@ -48,6 +48,14 @@ def test_tiny_cpu_run_writes_json_and_png_without_nemo_run(tmp_path):
     assert (out / "learning_check.png").stat().st_size > 0
 
 
+def test_gpu_preset_fits_its_data():
+    from nemo_vfm.train import validate
+
+    cfg = lc.preset("gpu")
+    validate(cfg["model"], cfg["data"])  # channels, patch divisibility, text width
+    assert cfg["data"].latent_shape == (12, 16, 32, 32) and cfg["trainer"].accelerator == "gpu"
+
+
 def test_set_rejects_unknown_fields():
     import pytest
 
