@@ -157,8 +157,8 @@ def quickstart() -> run.Partial:
     latents are 12x8x16x16 and, at patch (1, 2, 2), 512 tokens per clip (48 pixel values per token at a
     width of 128). The network predicts the clean pixels (``EDM(prediction="x0")``): with EDM's usual
     preconditioning it must predict, below ``sigma_data``, the noise of all 48 values of a token, and after
-    600 steps it leaves part of it in every sample (the coloured speckle and shape fragments of earlier
-    versions; docs/training.md "Why the quickstart speckled"). ``sigma_data=0.5`` is near the pixels' RMS (0.67).
+    600 steps it left part of it in every sample (the coloured speckle of earlier versions; docs/training.md
+    "Why the quickstart speckled"). ``sigma_data=0.5`` is near the pixels' RMS (0.67).
     CLI: ``python launchers/train.py --factory quickstart --yes trainer.max_steps=50``
     Python: ``import fiddle as fdl; summary = fdl.build(dit.quickstart())()``
     """

@@ -29,7 +29,7 @@ class EDM:
     sigma_max: float = 80.0
     # "edm": Karras et al.'s c_skip/c_out (the network predicts a mix of noise and data: mostly noise below
     # sigma_data); "x0": the network predicts the clean latents (c_skip = 0, c_out = sigma_data), which
-    # suits pixel-space latents with many values per token (see docs/diffusion.md). The loss is the same.
+    # suits pixel-space latents with many values per token (docs/diffusion.md); see loss_weight for its weights.
     prediction: str = "edm"
 
     def __post_init__(self):
