@@ -4,12 +4,14 @@
    and writes a preview of it;
 2. trains the ``quickstart`` recipe (the same factory ``launchers/train.py --factory quickstart`` runs);
 3. writes a checkpoint, a loss-curve PNG and sample videos (mp4 + gif) for held-in captions,
-   and prints where they are.
+   and prints where they are, with the samples' score against their captions
+   (``nemo_vfm.evaluation.shapes``: flat background, one object of the right colour, moving the stated way).
 
 Run it again and it resumes from its last checkpoint (``--fresh`` starts over).
 """
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -57,6 +59,12 @@ def main(argv=None) -> int:
     print(f"  tensorboard: tensorboard --logdir {exp / 'tb'}")
     print(f"  generate   : .venv/bin/vfm generate --ckpt {summary['checkpoint']} --prompt "
           f"'a red circle moving left on a black background' --out {out / 'generated'}")
+    report = Path(mp4[-1]).with_suffix(".json") if mp4 else None
+    if report is not None and report.exists():  # the previews scored against their captions (shapes metric)
+        from nemo_vfm.evaluation.shapes import format_table
+
+        print(f"\nsample quality of the final preview ({report}):")
+        print(format_table(json.loads(report.read_text())))
     return 0
 
 

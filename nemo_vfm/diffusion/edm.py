@@ -27,19 +27,28 @@ class EDM:
     p_std: float = 1.2
     sigma_min: float = 0.002
     sigma_max: float = 80.0
+    # "edm": Karras et al.'s c_skip/c_out (the network predicts a mix of noise and data: mostly noise below
+    # sigma_data); "x0": the network predicts the clean latents (c_skip = 0, c_out = sigma_data), which
+    # suits pixel-space latents with many values per token (docs/diffusion.md); see loss_weight for its weights.
+    prediction: str = "edm"
 
     def __post_init__(self):
         if not (0 < self.sigma_min < self.sigma_max):
             raise ValueError(f"EDM needs 0 < sigma_min < sigma_max, got {self.sigma_min}, {self.sigma_max}")
         if self.sigma_data <= 0 or self.p_std <= 0:
             raise ValueError("EDM.sigma_data and EDM.p_std must be > 0")
+        if self.prediction not in ("edm", "x0"):
+            raise ValueError(f"EDM.prediction must be 'edm' or 'x0', got {self.prediction!r}")
 
     # -- preconditioning ----------------------------------------------------------------------------
     def precondition(self, sigma: torch.Tensor):
         """``(c_skip, c_out, c_in, c_noise)`` for ``sigma (B,)``."""
         sd2 = self.sigma_data**2
-        c_skip = sd2 / (sigma**2 + sd2)
-        c_out = sigma * self.sigma_data / (sigma**2 + sd2).sqrt()
+        if self.prediction == "x0":
+            c_skip, c_out = torch.zeros_like(sigma), torch.full_like(sigma, self.sigma_data)
+        else:
+            c_skip = sd2 / (sigma**2 + sd2)
+            c_out = sigma * self.sigma_data / (sigma**2 + sd2).sqrt()
         c_in = 1 / (sigma**2 + sd2).sqrt()
         c_noise = sigma.log() / 4
         return c_skip, c_out, c_in, c_noise
@@ -58,7 +67,13 @@ class EDM:
         return (n * self.p_std + self.p_mean).exp()
 
     def loss_weight(self, sigma: torch.Tensor) -> torch.Tensor:
-        return (sigma**2 + self.sigma_data**2) / (sigma * self.sigma_data) ** 2
+        """``lambda(sigma)`` on ``|D - x0|^2``. With ``prediction="x0"`` the network's own error carries weight
+        ``1 + SNR`` (``SNR = sigma_data^2 / sigma^2``), capped at ``1 + 5`` as in min-SNR weighting (Hang et al.
+        2023) so that the nearly clean samples do not dominate the batch."""
+        sd2 = self.sigma_data**2
+        if self.prediction == "x0":
+            return (1 + (sd2 / sigma**2).clamp(max=5.0)) / sd2
+        return (sigma**2 + sd2) / (sigma * self.sigma_data) ** 2
 
     def training_input(self, x0: torch.Tensor, generator: torch.Generator | None = None) -> TrainingInput:
         """Draw one sigma per sample and Gaussian noise per element (in that order): the network input

@@ -23,6 +23,22 @@ def test_preconditioning_identities():
     assert torch.allclose(c_noise, sigma.log() / 4)
 
 
+def test_x0_prediction_preconditioning_and_capped_weight():
+    edm = EDM(sigma_data=0.5, prediction="x0")
+    sigma = torch.tensor([0.01, 0.5, 10.0])
+    c_skip, c_out, c_in, _ = edm.precondition(sigma)
+    assert torch.all(c_skip == 0) and torch.allclose(c_out, torch.full((3,), 0.5))  # D = sigma_data * F
+    assert torch.allclose(c_in**2 * (sigma**2 + 0.25), torch.ones(3))
+    # weight on the network's own error: 1 + SNR, capped at 1 + 5
+    w = edm.loss_weight(sigma) * c_out**2
+    assert torch.allclose(w, torch.tensor([6.0, 2.0, 1.0025]))
+    x, s = torch.randn(2, 3, 1, 4, 4), torch.tensor([0.3, 3.0])
+    out = edm.denoise(lambda xin, t: torch.ones_like(xin), x, s, {})
+    assert torch.allclose(out, torch.full_like(x, 0.5))  # the input does not pass through
+    with pytest.raises(ValueError, match="prediction"):
+        EDM(prediction="eps")
+
+
 def test_lognormal_sigma_statistics():
     edm = EDM(p_mean=-1.2, p_std=1.2)
     s = edm.sample_sigma(200_000, torch.Generator().manual_seed(0))
@@ -64,6 +80,11 @@ def _fit(objective, steps=200):
 
 def test_edm_loss_halves_on_a_fixed_batch_in_200_steps():
     before, after = _fit(EDM())
+    assert after < 0.5 * before, (before, after)
+
+
+def test_edm_x0_prediction_loss_halves_on_a_fixed_batch():
+    before, after = _fit(EDM(prediction="x0"))
     assert after < 0.5 * before, (before, after)
 
 

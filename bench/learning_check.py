@@ -1,0 +1,180 @@
+"""Does the stack learn? Train a DiT on the synthetic shapes data through ``nemo_vfm.train.train`` (the recipe
+path, plain config objects: no nemo-run, fiddle or energon needed) and score preview samples against their
+captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
+
+    # the GPU learning check (one H100, budget ~8 minutes; not yet run): DiT-S, 16x64x64 videos, 1,500 steps,
+    # goal >= 95% of 32 preview samples passing every criterion
+    python bench/learning_check.py --preset gpu
+    # the CPU demo's configuration (what recipes/dit.py quickstart builds), a few steps
+    python bench/learning_check.py --preset quickstart --steps 5 --device cpu
+    # ablations: any field of the configs, e.g. the EDM noise distribution
+    python bench/learning_check.py --preset quickstart --set objective.p_mean=-1.2 --set objective.sigma_data=0.2
+
+Writes ``OUT/learning_check.json`` (device, date, commit, command, config, loss per step, the metric per
+evaluation, wall time) and ``OUT/learning_check.png`` (loss curve and pass rate over steps).
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def preset(name: str) -> dict:
+    """Plain config objects of a preset (``quickstart`` mirrors ``recipes/dit.py``; a test checks it)."""
+    from nemo_vfm.data.synthetic import ShapesDataModule
+    from nemo_vfm.diffusion.edm import EDM
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.models.dit.flavors import FLAVORS
+    from nemo_vfm.models.dit.model import DiTConfig
+    from nemo_vfm.train import TrainerConfig
+
+    text = {"text_encoder": "hash", "text_encoder_kwargs": {"dim": 64, "max_length": 12}}
+    if name == "quickstart":
+        return dict(
+            model=DiTConfig(**FLAVORS["quickstart"], in_channels=12, patch_size=(1, 2, 2), context_dim=64),
+            data=ShapesDataModule(num_clips=512, num_frames=8, height=32, width=32, fps=8.0, batch_size=16,
+                                  tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, **text),
+            trainer=TrainerConfig(max_steps=600, precision="32-true", accelerator="cpu", devices=1,
+                                  log_every_n_steps=25, checkpoint_every_n_steps=200, gradient_clip_val=1.0),
+            objective=EDM(sigma_data=0.5, prediction="x0"),
+            optim=OptimConfig(lr=5e-4, warmup_steps=50, schedule="cosine"),
+            sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=8),
+            ema_decay=0.995, cond_dropout=0.1, seed=1234)
+    if name == "gpu":  # DiT-S, 16x64x64 pixels -> 12x16x32x32 latents, patch (1, 2, 2): 4,096 tokens per clip
+        return dict(
+            model=DiTConfig(**FLAVORS["s"], in_channels=12, patch_size=(1, 2, 2), context_dim=64),
+            data=ShapesDataModule(num_clips=4096, num_frames=16, height=64, width=64, fps=8.0, batch_size=16,
+                                  tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, **text),
+            trainer=TrainerConfig(max_steps=1500, precision="bf16-mixed", accelerator="gpu", devices=1,
+                                  log_every_n_steps=50, checkpoint_every_n_steps=1500, gradient_clip_val=1.0),
+            objective=EDM(sigma_data=0.5, prediction="x0"),
+            optim=OptimConfig(lr=3e-4, warmup_steps=100, schedule="cosine"),
+            sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=32),
+            ema_decay=0.999, cond_dropout=0.1, seed=1234)
+    raise ValueError(f"unknown preset {name!r}; choose quickstart or gpu")
+
+
+def _set(cfg: dict, assignment: str) -> None:
+    """``section.field=value`` (value parsed as JSON when it parses, else a string) on the preset's objects."""
+    key, _, raw = assignment.partition("=")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    section, _, attr = key.partition(".")
+    if section not in cfg:
+        raise ValueError(f"--set {assignment}: no section {section!r}; choose one of {', '.join(cfg)}")
+    if not attr:
+        cfg[section] = value
+        return
+    obj = cfg[section]
+    if not hasattr(obj, attr):
+        raise ValueError(f"--set {assignment}: {type(obj).__name__} has no field {attr!r}")
+    if isinstance(getattr(obj, attr), tuple):
+        value = tuple(value)
+    setattr(obj, attr, value)
+    if dataclasses.is_dataclass(obj) and hasattr(obj, "__post_init__"):
+        obj.__post_init__()  # validate the changed value
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def plot(result: dict, out_png: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
+    a.plot([r["step"] for r in result["loss"]], [r["loss"] for r in result["loss"]], lw=0.8)
+    a.set(xlabel="step", ylabel="training loss", yscale="log", title=f"{result['preset']}: loss")
+    evals = result["evals"]
+    b.plot([e["step"] for e in evals], [e["samples/pass_rate"] for e in evals], "o-", label="all criteria")
+    for k in ("background", "object_colour", "object_count", "motion"):
+        b.plot([e["step"] for e in evals], [e[f"samples/{k}"] for e in evals], lw=0.8, alpha=0.7, label=k)
+    b.axhline(result["goal"], ls="--", c="gray", lw=0.8)
+    b.set(xlabel="step", ylabel="fraction of samples passing", ylim=(-0.02, 1.02), title="sample metric")
+    b.legend(fontsize=7)
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="gpu", choices=("gpu", "quickstart"))
+    p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
+    p.add_argument("--eval-every", type=int, default=0, help="score samples every N steps (default: steps / 5)")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the preset's")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
+    p.add_argument("--goal", type=float, default=0.95, help="pass rate to reach (the check fails below it)")
+    p.add_argument("--out", default=None, help="output folder (default: learning_check/<preset>)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from nemo_vfm.lightning.callbacks import read_metrics
+    from nemo_vfm.train import ExperimentConfig, train
+
+    cfg = preset(args.preset)
+    if args.steps:
+        cfg["trainer"].max_steps = cfg["trainer"].checkpoint_every_n_steps = args.steps
+    if args.device:
+        cfg["trainer"].accelerator = "gpu" if args.device == "cuda" else "cpu"
+    if cfg["trainer"].accelerator == "gpu" and not torch.cuda.is_available():
+        raise SystemExit("learning_check: no CUDA device here; pass --device cpu (and a small --steps) to try it")
+    for a in args.set:
+        _set(cfg, a)
+    steps = cfg["trainer"].max_steps
+    cfg["sampling"].every_n_steps = args.eval_every or max(1, steps // 5)
+    out = Path(args.out or f"learning_check/{args.preset}")
+    cfg["log"] = ExperimentConfig(name="run", root=str(out), resume=False)
+
+    t0 = time.time()
+    summary = train(**cfg)
+    wall = time.time() - t0
+    rows = read_metrics(Path(summary["exp_dir"]) / "metrics.jsonl")
+    loss = [{"step": r["step"], "loss": r["loss"]} for r in rows if "loss" in r]
+    evals = [{k: v for k, v in r.items() if k == "step" or k.startswith("samples/")} for r in rows
+             if "samples/pass_rate" in r]
+    step_times = [r["perf/step_time_s"] for r in rows if "perf/step_time_s" in r]
+    final = evals[-1]["samples/pass_rate"] if evals else None
+    result = {
+        "preset": args.preset, "goal": args.goal, "reached": final is not None and final >= args.goal,
+        "final_pass_rate": final, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+        and cfg["trainer"].accelerator == "gpu" else "cpu", "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "wall_s": round(wall, 1),
+        "step_time_s_median": sorted(step_times)[len(step_times) // 2] if step_times else None,
+        "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss": loss, "evals": evals,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "learning_check.json").write_text(json.dumps(result, indent=1) + "\n")
+    if evals:
+        plot(result, out / "learning_check.png")
+    print(f"{args.preset}: {steps} steps in {wall:.0f} s; pass rate over steps: "
+          + ", ".join(f"{e['step']}: {e['samples/pass_rate']:.0%}" for e in evals)
+          + f"\nwrote {out / 'learning_check.json'} and .png; goal {args.goal:.0%}: "
+          + ("reached" if result["reached"] else "NOT reached"))
+    return 0 if result["reached"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
