@@ -32,6 +32,7 @@ from nemo_vfm.curation.config import CurationConfig
 from nemo_vfm.curation.engine import Engine, PipelineReport
 from nemo_vfm.curation.ledger import Ledger
 from nemo_vfm.curation.task import ClipTask
+from nemo_vfm.io.jsonl import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -142,29 +143,16 @@ def build_stages(config: CurationConfig, staging_root: Path) -> list:
     return stages
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file; an ``OSError`` (full disk) names ``path``, keeps the old file."""
-    from nemo_vfm.io.jsonl import write_error
-
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise write_error(path, e) from e
-
-
 def _check_config(output: Path, config: CurationConfig) -> None:
     path, now = output / "config.json", dataclasses.asdict(config)
     if not path.exists():
-        _write_text_atomic(path, json.dumps(now, indent=1, sort_keys=True, default=list))
+        write_atomic(path, json.dumps(now, indent=1, sort_keys=True, default=list))
         return
     try:
         before = json.loads(path.read_text())
     except (OSError, ValueError):
         log.warning("%s is unreadable; rewriting it with the current settings", path)
-        _write_text_atomic(path, json.dumps(now, indent=1, sort_keys=True, default=list))
+        write_atomic(path, json.dumps(now, indent=1, sort_keys=True, default=list))
         return
     changed = sorted(k for k in now if json.dumps(now[k], default=list) != json.dumps(before.get(k), default=list)
                      and k not in ("engine", "ray_address", "num_workers", "balance", "rebalance_interval_s"))
@@ -243,7 +231,7 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
             report = engine.run(tasks, on_finished, input_done)
         finally:
             ledger.close()
-        _write_text_atomic(output / "report.json", json.dumps(report.to_dict(), indent=1))
+        write_atomic(output / "report.json", json.dumps(report.to_dict(), indent=1))
     input_rows, clip_rows = ledger.consolidated()
     if config.dedup_threshold is not None:
         dups = find_near_duplicates(clip_rows, staging, config.dedup_threshold)
@@ -264,7 +252,7 @@ def curate(input_path: str | os.PathLike, output_path: str | os.PathLike, config
                 row = by_input[r["input"]] = {**by_input[r["input"]]}
                 row["kept"], row["filtered"] = row["kept"] - 1, row["filtered"] + 1
         input_rows = [by_input[r["input"]] for r in input_rows]
-    _write_text_atomic(output / "manifest.jsonl", "".join(json.dumps(row, sort_keys=True) + "\n"
+    write_atomic(output / "manifest.jsonl", "".join(json.dumps(row, sort_keys=True) + "\n"
                                                           for row in input_rows + clip_rows))
     from nemo_vfm.curation.shards import energon_prepare, pack_shards
 

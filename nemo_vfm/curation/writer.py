@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nemo_vfm.curation.stage import Stage
 from nemo_vfm.curation.task import ClipTask, source_key
+from nemo_vfm.io.jsonl import write_atomic
 
 
 def clip_metadata(task: ClipTask) -> dict:
@@ -31,19 +32,6 @@ def clip_metadata(task: ClipTask) -> dict:
     return meta
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write through a temporary file; on an ``OSError`` (full disk) the temporary is removed and the error names ``path``."""
-    from nemo_vfm.io.jsonl import write_error
-
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise write_error(path, e) from e
-
-
 def staging_dir(staging_root: str | os.PathLike, rel: str) -> Path:
     return Path(staging_root) / source_key(rel)
 
@@ -57,7 +45,7 @@ class ClipWriterStage(Stage):
     def process(self, task: ClipTask) -> list[ClipTask]:
         folder = staging_dir(self.staging_root, task.rel)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write(folder / f"{task.clip_id}.mp4", task.mp4)
-        atomic_write(folder / f"{task.clip_id}.json", json.dumps(clip_metadata(task), sort_keys=True).encode())
+        write_atomic(folder / f"{task.clip_id}.mp4", task.mp4)
+        write_atomic(folder / f"{task.clip_id}.json", json.dumps(clip_metadata(task), sort_keys=True).encode())
         task.mp4 = task.thumbs = None  # nothing heavy travels back to the driver
         return [task]

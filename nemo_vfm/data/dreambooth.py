@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nemo_vfm.data.synthetic import _DictDataset, _ResumableDataModule
+from nemo_vfm.data.synthetic import _DictDataset, _EncodedDataModule
 
 
 def fit_frames(frames_THWC: np.ndarray, num_frames: int, height: int, width: int) -> np.ndarray:
@@ -55,7 +55,7 @@ def load_media(path: Path) -> np.ndarray:
     return (read_image(path) if path.suffix.lower() in IMAGE_EXTS else read_video(path))[0]
 
 
-class DreamBoothDataModule(_ResumableDataModule):
+class DreamBoothDataModule(_EncodedDataModule):
     """Instance clips/images with ``instance_prompt`` (+ class clips with ``class_prompt`` when
     ``prior_preservation``). Tokenizer and text encoder are registry names, as in ``vfm prepare``."""
 
@@ -84,23 +84,6 @@ class DreamBoothDataModule(_ResumableDataModule):
         self.text_encoder_spec = {"name": text_encoder, "kwargs": dict(text_encoder_kwargs or {})}
         self.tokenizer = self.text_encoder = None
         self.captions = [instance_prompt]  # what the training previews sample
-
-    def build_encoders(self):
-        from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
-
-        if self.tokenizer is None:
-            self.tokenizer = build_tokenizer(self.tokenizer_spec["name"], **self.tokenizer_spec["kwargs"])
-            self.text_encoder = build_text_encoder(self.text_encoder_spec["name"], **self.text_encoder_spec["kwargs"])
-        return self.tokenizer, self.text_encoder
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        tok, _ = self.build_encoders()
-        return (tok.latent_channels, *tok.latent_shape(self.num_frames, self.height, self.width))
-
-    @property
-    def context_dim(self) -> int:
-        return self.build_encoders()[1].dim
 
     @property
     def missing_class_samples(self) -> int:

@@ -28,7 +28,7 @@ import torch
 from nemo_vfm.data.schema import LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
 from nemo_vfm.data.sources import InputItem, iter_inputs
-from nemo_vfm.io.jsonl import write_error
+from nemo_vfm.io.jsonl import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -192,16 +192,6 @@ def unique_key(key: str, source: str, seen) -> str:
     raise ValueError(f"cannot find a unique key for {source} (key {key!r})")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise write_error(path, e) from e
-
-
 def _barrier(world: int) -> None:
     if world <= 1:
         return
@@ -230,7 +220,7 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
         spec = {"tokenizer": {"name": cfg.tokenizer, "kwargs": cfg.tokenizer_kwargs},
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
                 "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype}
-        _write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
+        write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
     done, failed = manifest.done_keys(), manifest.failed()
@@ -275,7 +265,7 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
         writer.flush()
     finally:
         bar.close()
-    _write_atomic(out / STATE_DIR / f"rank{rank}.done", json.dumps({"written": written, "world_size": world_size}))
+    write_atomic(out / STATE_DIR / f"rank{rank}.done", json.dumps({"written": written, "world_size": world_size}))
 
     _barrier(world_size)
     indexed = False
@@ -289,7 +279,7 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
                                f"{out} and re-run the same command (the samples only they held are prepared again)")
         report = {"samples": len(manifest.done_keys()), "shards": sorted(p.name for p in out.glob("*.tar")),
                   "errors": sorted(manifest.failed().values(), key=lambda e: e["key"])}
-        _write_atomic(out / STATE_DIR / "report.json", json.dumps(report, indent=1))
+        write_atomic(out / STATE_DIR / "report.json", json.dumps(report, indent=1))
         if cfg.index and report["shards"]:
             from nemo_vfm.data.energon_index import index_dataset
 

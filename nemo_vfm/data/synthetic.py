@@ -81,7 +81,35 @@ class _ResumableDataModule(L.LightningDataModule):
         self._start = int(state.get("consumed_samples_per_rank", 0))
 
 
-class ShapesDataModule(_ResumableDataModule):
+class _EncodedDataModule(_ResumableDataModule):
+    """Pixels encoded by a registry tokenizer and captions by a registry text encoder (``tokenizer_spec``,
+    ``text_encoder_spec``: ``{"name", "kwargs"}``), built on first use; ``vfm generate`` rebuilds the same pair."""
+
+    tokenizer_spec: dict
+    text_encoder_spec: dict
+    num_frames: int
+    height: int
+    width: int
+
+    def build_encoders(self):
+        from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
+
+        if self.tokenizer is None:
+            self.tokenizer = build_tokenizer(self.tokenizer_spec["name"], **self.tokenizer_spec["kwargs"])
+            self.text_encoder = build_text_encoder(self.text_encoder_spec["name"], **self.text_encoder_spec["kwargs"])
+        return self.tokenizer, self.text_encoder
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        tok, _ = self.build_encoders()
+        return (tok.latent_channels, *tok.latent_shape(self.num_frames, self.height, self.width))
+
+    @property
+    def context_dim(self) -> int:
+        return self.build_encoders()[1].dim
+
+
+class ShapesDataModule(_EncodedDataModule):
     """``num_clips`` moving-shape clips of ``num_frames x height x width`` pixels, tokenized once.
 
     ``tokenizer``/``text_encoder`` are registry names with ``*_kwargs``; they are also what
@@ -102,23 +130,6 @@ class ShapesDataModule(_ResumableDataModule):
         self.text_encoder_spec = {"name": text_encoder, "kwargs": dict(text_encoder_kwargs or {})}
         self.tokenizer = self.text_encoder = None
         self.captions: list[str] = []
-
-    def build_encoders(self):
-        from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
-
-        if self.tokenizer is None:
-            self.tokenizer = build_tokenizer(self.tokenizer_spec["name"], **self.tokenizer_spec["kwargs"])
-            self.text_encoder = build_text_encoder(self.text_encoder_spec["name"], **self.text_encoder_spec["kwargs"])
-        return self.tokenizer, self.text_encoder
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int, int]:
-        tok, _ = self.build_encoders()
-        return (tok.latent_channels, *tok.latent_shape(self.num_frames, self.height, self.width))
-
-    @property
-    def context_dim(self) -> int:
-        return self.build_encoders()[1].dim
 
     def setup(self, stage: str | None = None):
         if self.dataset is not None:

@@ -81,3 +81,16 @@ def write_error(path: str | os.PathLike, exc: OSError, what: str = "writing") ->
     hint = ("the disk is full: free space (or point the output elsewhere) and re-run the same command; "
             "finished work is kept") if is_disk_full(exc) else "fix the cause and re-run the same command; finished work is kept"
     return type(exc)(exc.errno, f"{what} {path} failed ({exc.strerror or exc}); {hint}")
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it; on an ``OSError`` (a full disk) the temporary
+    is removed, the old file is kept and the error names ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, e) from e

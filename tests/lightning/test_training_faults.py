@@ -233,7 +233,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, sys.argv[2])
     from nemo_vfm.lightning import checkpointing
-    import test_fault_injection as t
+    import test_training_faults as t
 
     real = checkpointing._write
     def slow(checkpoint, f):  # step 4's save hangs halfway through its temporary file
