@@ -206,8 +206,9 @@ class MetricsHistory(L.Callback):
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """Rows of a ``metrics.jsonl``; for a step written twice (a resumed run), the last row wins; torn lines
-    (a killed run) are skipped."""
+    """Rows of a ``metrics.jsonl``, one per step: rows of the same step are merged (the training row and the
+    sample-metric row of a preview step); for a key written twice (a resumed run), the last value wins; torn
+    lines (a killed run) are skipped."""
     rows: dict[int, dict] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
@@ -216,7 +217,7 @@ def read_metrics(path: str | Path) -> list[dict]:
             except json.JSONDecodeError:  # a line torn by a killed run
                 continue
             if isinstance(row, dict) and "step" in row:
-                rows[row["step"]] = row
+                rows.setdefault(row["step"], {}).update(row)
     return [rows[s] for s in sorted(rows)]
 
 
@@ -247,15 +248,33 @@ def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> Path:
 
 class SampleVideos(L.Callback):
     """Samples videos with the EMA network every ``every_n_steps`` (0: only at the end) and writes
-    ``samples/step=N.mp4`` and ``.gif`` (a grid, one cell per prompt) plus the prompts as text."""
+    ``samples/step=N.mp4`` and ``.gif`` (a grid, one cell per prompt) plus the prompts as text.
+
+    ``sample_fn(module, stem)`` returns the files it wrote, or ``(files, metrics)``: scalar sample-quality
+    metrics (e.g. ``samples/pass_rate`` of :mod:`nemo_vfm.evaluation.shapes`), which go to the loggers
+    (TensorBoard) and to ``metrics.jsonl`` at this step, and to :attr:`metrics` (``{step: metrics}``)."""
 
     def __init__(self, exp_dir: str | Path, sample_fn, every_n_steps: int = 0):
         self.dir, self.sample_fn, self.every = Path(exp_dir) / "samples", sample_fn, every_n_steps
         self.written: list[Path] = []
+        self.metrics: dict[int, dict[str, float]] = {}
 
     def _write(self, trainer, pl_module):
-        if trainer.global_rank == 0:
-            self.written.extend(self.sample_fn(pl_module, self.dir / f"step={trainer.global_step:08d}"))
+        if trainer.global_rank != 0:
+            return
+        step = trainer.global_step
+        out = self.sample_fn(pl_module, self.dir / f"step={step:08d}")
+        files, metrics = out if isinstance(out, tuple) else (out, {})
+        self.written.extend(files)
+        if not metrics:
+            return
+        self.metrics[step] = dict(metrics)
+        for logger in trainer.loggers:
+            logger.log_metrics(dict(metrics), step=step)
+        with open(Path(self.dir).parent / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        rank_zero_info(f"step {step} samples: " + ", ".join(f"{k.removeprefix('samples/')} {v:.2f}"
+                                                            for k, v in metrics.items()))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.every and trainer.global_step % self.every == 0 and trainer.global_step != trainer.max_steps:
