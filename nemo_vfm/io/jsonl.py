@@ -89,7 +89,10 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
