@@ -39,7 +39,7 @@ lint: setup
 
 # raw synthetic clips -> vfm prepare -> Energon (3:1 blend) -> packed training (CPU)
 demo-data: setup
-	$(VPY) -m nemo_vfm.data.demo_pipeline --out demo_output/data --steps 100
+	$(VPY) launchers/demo_data.py --out demo_output/data --steps 100
 
 # CPU benchmark of the data loader and packing efficiency (GPU benchmarks: see docs/benchmarks.md)
 bench-data: setup

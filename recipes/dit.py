@@ -70,8 +70,9 @@ def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain() -> run.Partial:
-    """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents of 2,048 tokens, batch 8 per GPU (the
-    fastest measured that fits 80 GB with EMA: docs/benchmarks.md), compiled blocks. Every ``pretrain_*`` mutates it.
+    """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents of 2,048 tokens, batch 8 per GPU
+    (51.5 GiB peak and 254 ms/step on an H100, docs/benchmarks.md; other batch sizes not measured), compiled
+    blocks. Every ``pretrain_*`` mutates it.
 
     CLI: ``python launchers/train.py --factory pretrain --yes trainer.max_steps=10``
     Python: ``recipe = dit.pretrain(); recipe.model.num_layers = 12``
@@ -93,6 +94,7 @@ def pretrain() -> run.Partial:
 
 
 def _sized(flavor: str, name: str, batch_size: int = 8) -> run.Partial:
+    """``pretrain`` at another size; the smaller flavors' batches are scaled from DiT-XL's memory, not measured."""
     recipe = pretrain()
     recipe.model = dit_model(flavor)
     recipe.data.batch_size = batch_size
@@ -170,7 +172,7 @@ def pretrain_28b() -> run.Partial:
 def pretrain_xl2_256() -> run.Partial:
     """The original DiT-XL/2 at 256 px (class-conditional ImageNet shape: 4x32x32 latents, 256 tokens, learned
     sigma, 1000 classes; what Fast-DiT trains), on mock latents. Batch 176 per GPU with bf16 autocast and
-    compiled blocks: the fastest measured on one 80 GB GPU (batch 256 needs activation checkpointing:
+    compiled blocks: faster than 128 on one 80 GB GPU (565 vs 556 img/s, docs/benchmarks.md; batch 256 needs activation checkpointing:
     ``trainer.strategy.activation_checkpointing=full``). ``bench/compare_fastdit.py`` runs it against Fast-DiT.
     CLI: ``python launchers/train.py --factory pretrain_xl2_256 --yes trainer.max_steps=100``
     Python: ``recipe = dit.pretrain_xl2_256(); recipe.data.batch_size = 128; run.run(recipe, executor=run.LocalExecutor())``

@@ -37,6 +37,7 @@ class ThroughputLogger(L.Callback):
         self.out = Path(out) if out is not None else None  # perf.jsonl: one row per log step (rank 0)
         self._t0, self._samples, self._tokens, self._steps, self._flops = None, 0, 0, 0, 0.0
         self._peak = None
+        self._flops_by_shape: dict = {}
 
     def on_train_start(self, trainer, pl_module):
         from nemo_vfm.models.flops import peak_tflops
@@ -58,8 +59,12 @@ class ThroughputLogger(L.Callback):
         if hasattr(batch, "cu_seqlens"):
             return 0.0  # packed: counted from the segment lengths at the log step (see _packed_flops)
         context = batch.get("context")
-        text = [context.shape[1]] * lat.shape[0] if context is not None else None
-        return train_step_flops(self.model_config, [tokens_per_sample(lat, self.patch_size)] * lat.shape[0], text) or 0.0
+        key = (tuple(lat.shape), None if context is None else context.shape[1])
+        if key not in self._flops_by_shape:  # computed once per batch shape
+            text = [key[1]] * lat.shape[0] if context is not None else None
+            self._flops_by_shape[key] = train_step_flops(
+                self.model_config, [tokens_per_sample(lat, self.patch_size)] * lat.shape[0], text) or 0.0
+        return self._flops_by_shape[key]
 
     def _packed_flops(self, batch) -> float:
         from nemo_vfm.models.flops import train_step_flops

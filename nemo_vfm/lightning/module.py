@@ -75,6 +75,7 @@ class DiffusionModule(L.LightningModule):
         self.model: torch.nn.Module | None = None
         self.ema: torch.nn.Module | None = None
         self.step_metrics: dict = {}  # the last step's loss and logs (device tensors): see _log_step
+        self._has_moe: bool | None = None  # whether the network has MoE layers (found at the first step)
         # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
         self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay,
                                    "lora": lora})
@@ -138,17 +139,25 @@ class DiffusionModule(L.LightningModule):
         self.log("train/loss", loss, batch_size=batch_size)
         for k, v in logs.items():
             self.log(f"train/{k}", v, batch_size=batch_size)
-        trainer = self._trainer
-        if trainer is None or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+        if self._log_step_now():
             self.log("train/lr", lr, batch_size=batch_size)  # a Python float becomes a device tensor: a copy + sync
         self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
+
+    def _log_step_now(self) -> bool:
+        """Whether this step is one Lightning writes logs at (every ``log_every_n_steps``)."""
+        trainer = self._trainer
+        return trainer is None or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0
 
     def _add_moe_loss(self, loss: torch.Tensor, logs: dict) -> torch.Tensor:
         """The objective's loss plus the MoE layers' load-balancing loss of this forward (token-choice routing);
         the network only predicts, its MoE layers leave the term behind (``nemo_vfm.models.common.moe``)."""
         from nemo_vfm.models.common.moe import collect_aux_loss
 
-        aux = collect_aux_loss(self.model)
+        if self._has_moe is None:  # the layers are found once (a module walk per step would cost host time)
+            from nemo_vfm.models.common.moe import moe_layers
+
+            self._has_moe = bool(moe_layers(self.model))
+        aux = collect_aux_loss(self.model) if self._has_moe else None
         if aux is None:
             return loss
         logs["moe_aux_loss"] = aux.detach()
@@ -156,11 +165,7 @@ class DiffusionModule(L.LightningModule):
 
     def _log_router_stats(self, batch_size: int) -> None:
         """MoE router statistics (this rank's tokens) at logging steps only: device tensors, no per-step sync."""
-        connector = getattr(self.trainer, "_logger_connector", None)
-        log_step = getattr(connector, "should_update_logs", None)
-        if log_step is None:
-            log_step = (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0
-        if not log_step:
+        if not self._has_moe or not self._log_step_now():
             return
         from nemo_vfm.models.common.moe import router_stats
 

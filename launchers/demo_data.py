@@ -1,6 +1,6 @@
 """Raw clips -> ``vfm prepare`` -> Energon (a 3:1 blend, packed batches) -> training, on the CPU in minutes.
 
-    python -m nemo_vfm.data.demo_pipeline --out demo_output/data --steps 100
+    python launchers/demo_data.py --out demo_output/data --steps 100
 
 Writes ``OUT/raw_folder`` (mp4/png + captions) and ``OUT/raw_shards`` (webdataset mp4+json, as the
 curation pipeline writes), prepares both (``vfm prepare``), blends them 3:1, trains a small DiT on
