@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
     p.add_argument("--goal", type=float, default=0.95, help="pass rate to reach (the check fails below it)")
     p.add_argument("--out", default=None, help="output folder (default: learning_check/<preset>)")
+    p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD; pass it where the "
+                   "checkout has no git history, e.g. a copied tree)")
     args = p.parse_args(argv)
 
     import torch
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
         "preset": args.preset, "goal": args.goal, "reached": final is not None and final >= args.goal,
         "final_pass_rate": final, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
         and cfg["trainer"].accelerator == "gpu" else "cpu", "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit or _commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "wall_s": round(wall, 1),
         "step_time_s_median": sorted(step_times)[len(step_times) // 2] if step_times else None,
         "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss": loss, "evals": evals,
