@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
+from nemo_vfm.data.synthetic_video import ShapeClipSpec, make_clip
+
 
 class ResumableSampler(Sampler[int]):
     """Endless indices: a fresh permutation of ``range(n)`` per epoch (seeded by ``(seed, epoch)``),
@@ -113,33 +115,41 @@ class ShapesDataModule(_EncodedDataModule):
     """``num_clips`` moving-shape clips of ``num_frames x height x width`` pixels, tokenized once.
 
     ``tokenizer``/``text_encoder`` are registry names with ``*_kwargs``; they are also what
-    ``vfm generate`` rebuilds to decode samples and encode prompts.
+    ``vfm generate`` rebuilds to decode samples and encode prompts. ``start_jitter``: where the shapes start
+    (``ShapeClipSpec``: 0.5 +- jitter of the frame).
     """
 
     def __init__(self, *, num_clips: int = 256, num_frames: int = 8, height: int = 32, width: int = 32,
                  fps: float = 8.0, batch_size: int = 8, seed: int = 0, tokenizer: str = "identity",
                  tokenizer_kwargs: dict | None = None, text_encoder: str = "hash",
-                 text_encoder_kwargs: dict | None = None, num_workers: int = 0):
+                 text_encoder_kwargs: dict | None = None, num_workers: int = 0, start_jitter: float = 0.3):
         super().__init__()
         self.save_hyperparameters()
         if num_clips < batch_size:
             raise ValueError(f"ShapesDataModule.num_clips ({num_clips}) must be >= batch_size ({batch_size})")
         self.num_clips, self.num_frames, self.height, self.width, self.fps = num_clips, num_frames, height, width, fps
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.start_jitter = start_jitter
+        _ = self.spec  # validates the clip settings now
         self.tokenizer_spec = {"name": tokenizer, "kwargs": dict(tokenizer_kwargs or {})}
         self.text_encoder_spec = {"name": text_encoder, "kwargs": dict(text_encoder_kwargs or {})}
         self.tokenizer = self.text_encoder = None
         self.captions: list[str] = []
 
+    @property
+    def spec(self) -> ShapeClipSpec:
+        """The generator's settings for these clips."""
+        return ShapeClipSpec(num_frames=self.num_frames, height=self.height, width=self.width,
+                             start_jitter=self.start_jitter)
+
     def setup(self, stage: str | None = None):
         if self.dataset is not None:
             return
-        from nemo_vfm.data.synthetic_video import ShapeClipSpec, make_clip
         from nemo_vfm.io.video import frames_to_tensor
 
         tok, text = self.build_encoders()
         tok.latent_shape(self.num_frames, self.height, self.width)  # fail early on sizes the tokenizer rejects
-        spec = ShapeClipSpec(num_frames=self.num_frames, height=self.height, width=self.width)
+        spec = self.spec
         latents, captions = [], []
         with torch.no_grad():
             for i in tqdm(range(self.num_clips), desc="encoding synthetic clips", leave=False):
