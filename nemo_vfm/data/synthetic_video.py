@@ -24,22 +24,24 @@ MOTIONS: dict[str, tuple[float, float]] = {"left": (-1, 0), "right": (1, 0), "up
 
 @dataclass(kw_only=True)
 class ShapeClipSpec:
-    """Size of the generated clips. ``speed`` is in fractions of the frame width per frame; the shape starts
-    at ``0.5 +- start_jitter`` of the frame (uniform, per axis): 0 starts every clip at the centre."""
+    """Size of the generated clips. ``speed`` is in fractions of the frame width per frame. In the middle of
+    the clip the shape is at ``0.5 +- position_jitter`` of the frame (uniform, per axis), so its path is
+    centred on the frame: 0 puts every path through the centre; small values keep 8-frame paths off the
+    borders, where the shapes would wrap around."""
 
     num_frames: int = 8
     height: int = 32
     width: int = 32
     speed: float = 0.06
     size: float = 0.35
-    start_jitter: float = 0.3
+    position_jitter: float = 0.3
 
     def __post_init__(self):
         for name in ("num_frames", "height", "width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ShapeClipSpec.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.start_jitter <= 0.5:
-            raise ValueError(f"ShapeClipSpec.start_jitter must be in [0, 0.5], got {self.start_jitter}")
+        if not 0 <= self.position_jitter <= 0.5:
+            raise ValueError(f"ShapeClipSpec.position_jitter must be in [0, 0.5], got {self.position_jitter}")
 
 
 @dataclass
@@ -87,8 +89,8 @@ def make_clip(spec: ShapeClipSpec, seed: int, index: int) -> ShapeClip:
         "background": list(BACKGROUNDS)[rng.integers(len(BACKGROUNDS))],
         "motion": list(MOTIONS)[rng.integers(len(MOTIONS))],
     }
-    j = spec.start_jitter
-    start = (float(rng.uniform(0.5 - j, 0.5 + j)), float(rng.uniform(0.5 - j, 0.5 + j)))
+    j, (dx, dy), half = spec.position_jitter, MOTIONS[attrs["motion"]], spec.speed * (spec.num_frames - 1) / 2
+    start = (float(rng.uniform(0.5 - j, 0.5 + j)) - dx * half, float(rng.uniform(0.5 - j, 0.5 + j)) - dy * half)
     frames = render_shape_clip(spec, attrs["shape"], attrs["color"], attrs["background"], attrs["motion"], start)
     caption = f"a {attrs['color']} {attrs['shape']} moving {attrs['motion']} on a {attrs['background']} background"
     return ShapeClip(frames=frames, caption=caption, attributes=attrs)

@@ -1,10 +1,12 @@
-"""The shapes generator's start positions (``ShapeClipSpec.start_jitter``) and the data module that serves them."""
+"""Where the shapes generator puts its shapes (``ShapeClipSpec.position_jitter``), and the data module that
+serves those clips."""
 
 import numpy as np
 import pytest
 
 from nemo_vfm.data.synthetic import ShapesDataModule
 from nemo_vfm.data.synthetic_video import BACKGROUNDS, ShapeClipSpec, make_clip
+from nemo_vfm.io.video import frames_to_tensor
 
 
 def _centroid(frame: np.ndarray, background: str) -> tuple[float, float]:
@@ -12,41 +14,45 @@ def _centroid(frame: np.ndarray, background: str) -> tuple[float, float]:
     return float(ys.mean()), float(xs.mean())
 
 
-def test_default_jitter_keeps_the_clips_of_earlier_versions():
-    """0.3 draws the start from [0.2, 0.8] with the same generator calls as before the option existed."""
-    spec = ShapeClipSpec(num_frames=4, height=32, width=32)
-    for i in range(8):
-        rng = np.random.default_rng([7, i])
-        [rng.integers(n) for n in (3, 6, 3, 4)]  # shape, colour, background, motion
-        start = (rng.uniform(0.2, 0.8), rng.uniform(0.2, 0.8))
-        clip = make_clip(spec, 7, i)
-        cy, cx = _centroid(clip.frames[0], clip.attributes["background"])
-        if clip.attributes["shape"] == "circle":  # a circle's centroid is its centre
-            assert abs(cx - start[0] * 32) < 0.6 and abs(cy - start[1] * 32) < 0.6
+def _circles(spec: ShapeClipSpec, n: int = 48):
+    """Clips of circles (a circle's centroid is its centre) whose middle frame is frame ``(T - 1) / 2``."""
+    return [c for c in (make_clip(spec, 0, i) for i in range(n)) if c.attributes["shape"] == "circle"]
 
 
 @pytest.mark.parametrize("jitter", [0.0, 0.1])
-def test_jitter_bounds_where_the_shapes_start(jitter):
-    spec = ShapeClipSpec(num_frames=1, height=32, width=32, start_jitter=jitter)
-    for i in range(24):
-        clip = make_clip(spec, 0, i)
-        if clip.attributes["shape"] != "circle":
-            continue
-        cy, cx = _centroid(clip.frames[0], clip.attributes["background"])
+def test_the_path_is_centred_within_the_jitter(jitter):
+    spec = ShapeClipSpec(num_frames=3, height=32, width=32, position_jitter=jitter)
+    clips = _circles(spec)
+    assert clips
+    for clip in clips:
+        cy, cx = _centroid(clip.frames[1], clip.attributes["background"])  # the middle frame
         assert abs(cx - 16) <= jitter * 32 + 0.6 and abs(cy - 16) <= jitter * 32 + 0.6
 
 
+def test_small_jitter_keeps_8_frame_paths_off_the_borders():
+    """0.1: the shape never wraps around (8 frames at the default speed and size); the default 0.3 lets it."""
+    def wraps(clip):
+        f = np.abs(clip.frames.astype(int) - BACKGROUNDS[clip.attributes["background"]]).max(-1) > 0  # (T, H, W)
+        return bool(f[:, 0].any() or f[:, -1].any() or f[:, :, 0].any() or f[:, :, -1].any())
+
+    near = [make_clip(ShapeClipSpec(position_jitter=0.1), 0, i) for i in range(64)]
+    wide = [make_clip(ShapeClipSpec(position_jitter=0.3), 0, i) for i in range(64)]
+    assert not any(wraps(c) for c in near)
+    assert sum(wraps(c) for c in wide) > 8
+
+
 def test_bad_jitter_is_refused_with_its_name():
-    with pytest.raises(ValueError, match="start_jitter"):
-        ShapeClipSpec(start_jitter=0.7)
-    with pytest.raises(ValueError, match="start_jitter"):
-        ShapesDataModule(num_clips=8, batch_size=4, start_jitter=-0.1)
+    with pytest.raises(ValueError, match="position_jitter"):
+        ShapeClipSpec(position_jitter=0.7)
+    with pytest.raises(ValueError, match="position_jitter"):
+        ShapesDataModule(num_clips=8, batch_size=4, position_jitter=-0.1)
 
 
 def test_data_module_renders_with_its_jitter_also_when_changed_after_construction():
-    dm = ShapesDataModule(num_clips=8, num_frames=2, height=16, width=16, batch_size=4, start_jitter=0.3)
-    dm.start_jitter = 0.0  # what an override of a built config does
-    assert dm.spec.start_jitter == 0.0
+    dm = ShapesDataModule(num_clips=8, num_frames=2, height=16, width=16, batch_size=4, position_jitter=0.3)
+    dm.position_jitter = 0.0  # what an override of a built config does
+    assert dm.spec.position_jitter == 0.0
     dm.setup()
-    expected = make_clip(ShapeClipSpec(num_frames=2, height=16, width=16, start_jitter=0.0), 0, 3)
+    expected = make_clip(ShapeClipSpec(num_frames=2, height=16, width=16, position_jitter=0.0), 0, 3)
     assert dm.captions[3] == expected.caption
+    assert (dm.dataset.tensors["latents"][3] == dm.tokenizer.encode(frames_to_tensor(expected.frames)[None])[0]).all()
