@@ -40,9 +40,11 @@ def main(argv=None) -> int:
     if args.steps:
         recipe.trainer.max_steps = args.steps
 
-    spec = ShapeClipSpec(num_frames=recipe.data.num_frames, height=recipe.data.height, width=recipe.data.width)
+    spec = ShapeClipSpec(num_frames=recipe.data.num_frames, height=recipe.data.height, width=recipe.data.width,
+                         position_jitter=recipe.data.position_jitter, size=recipe.data.shape_size)
     clips = [make_clip(spec, recipe.data.seed, i) for i in range(16)]
-    preview = grid(np.stack([c.frames.repeat(4, 1).repeat(4, 2) for c in clips]))
+    up = max(1, 128 // max(spec.height, spec.width))  # cells of ~128 pixels, as the training previews
+    preview = grid(np.stack([c.frames.repeat(up, 1).repeat(up, 2) for c in clips]))
     write_gif(out / "dataset_preview.gif", preview, fps=recipe.data.fps)
     (out / "dataset_preview.txt").write_text("\n".join(c.caption for c in clips) + "\n")
     print(f"synthetic dataset: {recipe.data.num_clips} clips of {spec.num_frames}x{spec.height}x{spec.width}, "

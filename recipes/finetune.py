@@ -138,12 +138,14 @@ def dreambooth() -> run.Partial:
     Python: ``recipe = finetune.dreambooth(); recipe.data.instance_prompt = "a sks square"``
     """
     recipe = dit.quickstart()
+    base = recipe.data  # the base model's clip size and encoders
     recipe.data = run.Config(
         DreamBoothDataModule, instance_data="dreambooth/instance", instance_prompt="a sks shape moving right",
         class_data="dreambooth/class", class_prompt="a shape moving right", prior_preservation=True,
-        num_class_samples=16, prior_loss_weight=1.0, num_frames=8, height=32, width=32, fps=8.0, batch_size=8,
-        tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, text_encoder="hash",
-        text_encoder_kwargs={"dim": 64, "max_length": 12})
+        num_class_samples=16, prior_loss_weight=1.0, num_frames=base.num_frames, height=base.height,
+        width=base.width, fps=base.fps, batch_size=8, tokenizer=base.tokenizer,
+        tokenizer_kwargs=dict(base.tokenizer_kwargs), text_encoder=base.text_encoder,
+        text_encoder_kwargs=dict(base.text_encoder_kwargs))
     recipe.init_from = "demo_output/quickstart"
     recipe.trainer.max_steps = 150
     recipe.trainer.checkpoint_every_n_steps = 50

@@ -116,20 +116,22 @@ class ShapesDataModule(_EncodedDataModule):
 
     ``tokenizer``/``text_encoder`` are registry names with ``*_kwargs``; they are also what
     ``vfm generate`` rebuilds to decode samples and encode prompts. ``position_jitter``: where the shapes are in
-    the middle of a clip (``ShapeClipSpec``: 0.5 +- jitter of the frame).
+    the middle of a clip (``ShapeClipSpec``: 0.5 +- jitter of the frame); ``shape_size``: their size as a
+    fraction of the frame (``ShapeClipSpec.size``).
     """
 
     def __init__(self, *, num_clips: int = 256, num_frames: int = 8, height: int = 32, width: int = 32,
                  fps: float = 8.0, batch_size: int = 8, seed: int = 0, tokenizer: str = "identity",
                  tokenizer_kwargs: dict | None = None, text_encoder: str = "hash",
-                 text_encoder_kwargs: dict | None = None, num_workers: int = 0, position_jitter: float = 0.3):
+                 text_encoder_kwargs: dict | None = None, num_workers: int = 0, position_jitter: float = 0.3,
+                 shape_size: float = 0.35):
         super().__init__()
         self.save_hyperparameters()
         if num_clips < batch_size:
             raise ValueError(f"ShapesDataModule.num_clips ({num_clips}) must be >= batch_size ({batch_size})")
         self.num_clips, self.num_frames, self.height, self.width, self.fps = num_clips, num_frames, height, width, fps
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.position_jitter = position_jitter
+        self.position_jitter, self.shape_size = position_jitter, shape_size
         _ = self.spec  # validates the clip settings now
         self.tokenizer_spec = {"name": tokenizer, "kwargs": dict(tokenizer_kwargs or {})}
         self.text_encoder_spec = {"name": text_encoder, "kwargs": dict(text_encoder_kwargs or {})}
@@ -140,7 +142,7 @@ class ShapesDataModule(_EncodedDataModule):
     def spec(self) -> ShapeClipSpec:
         """The generator's settings for these clips."""
         return ShapeClipSpec(num_frames=self.num_frames, height=self.height, width=self.width,
-                             position_jitter=self.position_jitter)
+                             position_jitter=self.position_jitter, size=self.shape_size)
 
     def setup(self, stage: str | None = None):
         if self.dataset is not None:

@@ -24,10 +24,10 @@ MOTIONS: dict[str, tuple[float, float]] = {"left": (-1, 0), "right": (1, 0), "up
 
 @dataclass(kw_only=True)
 class ShapeClipSpec:
-    """Size of the generated clips. ``speed`` is in fractions of the frame width per frame. In the middle of
-    the clip the shape is at ``0.5 +- position_jitter`` of the frame (uniform, per axis), so its path is
-    centred on the frame: 0 puts every path through the centre; small values keep 8-frame paths off the
-    borders, where the shapes would wrap around."""
+    """Size of the generated clips. ``speed`` is in fractions of the frame width per frame; ``size`` is the
+    shape's size as a fraction of the frame (a circle's diameter). In the middle of the clip the shape is at
+    ``0.5 +- position_jitter`` of the frame (uniform, per axis), so its path is centred on the frame: 0 puts
+    every path through the centre; small values keep 8-frame paths off the borders, where shapes wrap around."""
 
     num_frames: int = 8
     height: int = 32
@@ -40,6 +40,8 @@ class ShapeClipSpec:
         for name in ("num_frames", "height", "width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ShapeClipSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.size <= 0.8:
+            raise ValueError(f"ShapeClipSpec.size must be in (0, 0.8] (a fraction of the frame), got {self.size}")
         if not 0 <= self.position_jitter <= 0.5:
             raise ValueError(f"ShapeClipSpec.position_jitter must be in [0, 0.5], got {self.position_jitter}")
 

@@ -17,17 +17,23 @@ from nemo_vfm.io.video import frames_to_tensor, grid
 
 
 def _preview(n=16, spec=None, seed=1234):
-    """What launchers/demo.py writes as dataset_preview.gif: the first clips of the dataset, 4x upscaled, in a grid."""
+    """What launchers/demo.py writes as dataset_preview.gif: the first clips of the dataset, upscaled to cells
+    of ~128 pixels, in a grid."""
     spec = spec or ShapeClipSpec(num_frames=8, height=32, width=32)
+    up = max(1, 128 // max(spec.height, spec.width))
     clips = [make_clip(spec, seed, i) for i in range(n)]
-    g = grid(np.stack([c.frames.repeat(4, 1).repeat(4, 2) for c in clips]))
-    return g, [c.caption for c in clips], (spec.height * 4, spec.width * 4)
+    g = grid(np.stack([c.frames.repeat(up, 1).repeat(up, 2) for c in clips]))
+    return g, [c.caption for c in clips], (spec.height * up, spec.width * up)
 
 
-def test_dataset_preview_passes():
-    g, captions, hw = _preview()
-    report = score_videos(split_grid(g, len(captions), hw), captions)
-    assert report["pass_rate"] == 1.0, format_table(report)
+@pytest.mark.parametrize("spec", [ShapeClipSpec(num_frames=8, height=32, width=32),
+                                  ShapeClipSpec(num_frames=8, height=16, width=16, position_jitter=0.1)],
+                         ids=["32px", "quickstart-16px"])
+def test_dataset_preview_passes(spec):
+    for seed in (0, 1234):
+        g, captions, hw = _preview(spec=spec, seed=seed)
+        report = score_videos(split_grid(g, len(captions), hw), captions)
+        assert report["pass_rate"] == 1.0, format_table(report)
 
 
 def test_many_clips_and_a_larger_size_pass():
