@@ -60,6 +60,9 @@ def family_plan(model_or_config):
 class VFMParallelStrategy(ModelParallelStrategy):
     """4D-parallel strategy. Knob names follow NeMo/Megatron; see the module docstring."""
 
+    # Norm clipping marks a NaN/Inf gradient norm in the fused optimizer's ``found_inf`` (NonFiniteGuard reads it)
+    CLIP_FLAGS_NONFINITE = True
+
     def __init__(
         self,
         *,
@@ -125,6 +128,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self.parallel_mesh = None
         self.pipeline = None  # the PipelineRunner of this rank's stages, under pipeline parallelism
         self._stage_ids: list[int] = []
+        self._copy_stream = None  # CUDA: the side stream batches are copied on (batch_to_device)
 
     @property
     def pipeline_parallel(self) -> bool:
@@ -256,10 +260,29 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
         def clip_grad_by_norm(optimizer, clip_val):
             net = strategy.lightning_module.model
-            clip_grad_norm_(list(net) if isinstance(net, StageList) else net, float(clip_val), strategy.parallel_mesh,
-                            pp_duplicated=duplicated)
+            norm = clip_grad_norm_(list(net) if isinstance(net, StageList) else net, float(clip_val),
+                                   strategy.parallel_mesh, pp_duplicated=duplicated)
+            flag = getattr(optimizer, "found_inf", None)  # the fused optimizer's skip flag (NonFiniteGuard sets it)
+            if flag is not None:  # a non-finite mesh-wide norm means a NaN/Inf gradient somewhere: skip the update
+                torch.maximum(flag, (~torch.isfinite(norm)).to(flag.dtype), out=flag)
 
         self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
+
+    def batch_to_device(self, batch, device=None, dataloader_idx: int = 0):
+        """On CUDA the batch is copied on a side stream that the compute stream then waits for: the host runs
+        ahead of the GPU, so the copy of step N+1's batch (from pinned memory) overlaps step N's kernels
+        instead of queueing behind them on the compute stream."""
+        device = torch.device(device) if device is not None else self.root_device
+        if device.type != "cuda":
+            return super().batch_to_device(batch, device, dataloader_idx)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._copy_stream):
+            batch = super().batch_to_device(batch, device, dataloader_idx)
+        compute = torch.cuda.current_stream(device)
+        compute.wait_stream(self._copy_stream)
+        _record_stream(batch, compute)  # the allocator must not reuse these blocks before the step has used them
+        return batch
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         from nemo_vfm.parallel.grads import sync_grads
@@ -424,3 +447,22 @@ def _flat_optimizer_state(path: Path) -> bool | None:
     from nemo_vfm.parallel.checkpoint import saved_flat_optimizer
 
     return saved_flat_optimizer(path, "optimizer_0")
+
+
+def _record_stream(obj, stream) -> None:
+    """``record_stream`` for every CUDA tensor in a batch (dicts, lists, tuples, dataclasses such as
+    ``PackedBatch``)."""
+    import dataclasses
+
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda:
+            obj.record_stream(stream)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _record_stream(v, stream)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _record_stream(v, stream)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _record_stream(getattr(obj, f.name), stream)
