@@ -253,15 +253,22 @@ class VFMParallelStrategy(ModelParallelStrategy):
                 data.copy_(buf)
 
     def _install_clipping(self) -> None:
-        from nemo_vfm.parallel.grads import clip_grad_norm_
+        """Norm clipping over the whole mesh. With a fused optimizer (AdamW on CUDA) and no loss scaler the
+        gradients are not rescaled in a pass of their own: the optimizer's kernel divides them by its
+        ``grad_scale`` (``max(norm / clip_val, 1)``), so clipping costs one norm."""
+        from nemo_vfm.parallel.grads import clip_grad_norm_, total_grad_norm
         from nemo_vfm.parallel.pipeline import StageList
 
         strategy, duplicated = self, self.plan.PP_DUPLICATED
 
         def clip_grad_by_norm(optimizer, clip_val):
             net = strategy.lightning_module.model
-            norm = clip_grad_norm_(list(net) if isinstance(net, StageList) else net, float(clip_val),
-                                   strategy.parallel_mesh, pp_duplicated=duplicated)
+            net = list(net) if isinstance(net, StageList) else net
+            if optimizer.defaults.get("fused") and getattr(strategy.precision_plugin, "scaler", None) is None:
+                norm = total_grad_norm(net, strategy.parallel_mesh, pp_duplicated=duplicated)
+                optimizer.grad_scale = torch.clamp((norm + 1e-6) / float(clip_val), min=1.0)  # = 1 / clip coefficient
+            else:
+                norm = clip_grad_norm_(net, float(clip_val), strategy.parallel_mesh, pp_duplicated=duplicated)
             flag = getattr(optimizer, "found_inf", None)  # the fused optimizer's skip flag (NonFiniteGuard sets it)
             if flag is not None:  # a non-finite mesh-wide norm means a NaN/Inf gradient somewhere: skip the update
                 torch.maximum(flag, (~torch.isfinite(norm)).to(flag.dtype), out=flag)
