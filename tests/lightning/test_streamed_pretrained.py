@@ -1,13 +1,13 @@
 """Pretrained Wan weights reach a parallelised network through train() + VFMParallelStrategy without a full
 copy per rank: the network is built on the meta device, parallelised, materialised, and each rank reads only
-the slices of the safetensors shards that it holds (2 gloo processes, FSDP2 and TP2; full fine-tuning with
-EMA, LoRA with EMA).
+the slices of the safetensors shards that it holds (2 gloo processes, FSDP2, TP2 and CP2 + FSDP2; full
+fine-tuning with EMA, LoRA with EMA).
 
 Checked per layout: after loading, a fixed forward equals the single-process model loaded plainly; every
 element read from the files is one the rank holds (under FSDP2: half the model), and no tensor larger than
 the largest local shard is touched while the strategy sets up; three training steps (losses, weights, EMA)
-equal the materialise-then-shard path of the same layout; under TP2 (one data-parallel rank) the losses also
-equal one process; LoRA keeps optimizer state for the adapters only."""
+equal the materialise-then-shard path of the same layout; under TP2 and CP2 + FSDP2 (one data-parallel rank)
+the losses also equal one process; LoRA keeps optimizer state for the adapters only."""
 
 import os
 import sys
@@ -224,7 +224,8 @@ def _close(a, b, tol=1e-5):
     return all((a[k] - b[k]).abs().max() <= tol * max(1.0, b[k].abs().max()) for k in b)
 
 
-LAYOUTS = {"FSDP2": dict(fsdp=True), "TP2": dict(tensor_model_parallel_size=2, fsdp=False)}
+LAYOUTS = {"FSDP2": dict(fsdp=True), "TP2": dict(tensor_model_parallel_size=2, fsdp=False),
+           "CP2+FSDP2": dict(context_parallel_size=2, fsdp=True)}  # finetune_wan_14b's layout
 
 
 @pytest.mark.slow
@@ -249,7 +250,7 @@ def test_streamed_pretrained_loading(tmp_path, folder, layout, lora):
         assert _close(base, ref_state, 0)  # the loaded weights are the file's, exactly
         # each rank reads exactly what it holds, once (the EMA copies the model's shards); the other path reads all
         assert s["read"] == s["local_base"] and f["read"] == sum(v.numel() for v in ref_state.values())
-        if layout == "FSDP2":
+        if "FSDP2" in layout:  # FSDP2 shards over the data-parallel x CP ranks
             assert s["local_numel"] <= 0.55 * s["full_numel"]
             assert s["max_numel"] <= s["max_local"] < s["max_full"]  # no tensor larger than a local shard
         # the streamed run trains exactly as the materialise-then-shard run
@@ -259,7 +260,7 @@ def test_streamed_pretrained_loading(tmp_path, folder, layout, lora):
         if lora:
             assert s["optim_params"] == s["trainable"] and all(".lora_" in n for n in s["trainable"])
             assert len(s["trainable"]) == 2 * 2 * 10  # 2 blocks x 10 linears x (A, B)
-    if layout == "TP2":  # one data-parallel rank: the same batches and noise as one process
+    if layout != "FSDP2":  # one data-parallel rank: the same batches and noise as one process
         single = _train(0, 1, str(tmp_path / "single"), folder, None, lora, False)
         assert ranks[0]["stream"]["losses"] == pytest.approx(single["losses"], rel=1e-5)
         assert _close(ranks[0]["stream"]["final"], single["final"], 1e-4)
