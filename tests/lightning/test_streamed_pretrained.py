@@ -168,15 +168,20 @@ def _callback():
             self.losses.append(float(outputs["loss"]))
 
         def on_train_end(self, trainer, module):
+            from torch.distributed.tensor import DTensor
+
             from nemo_vfm.parallel.grads import clean_name
 
             opt = trainer.optimizers[0]
             names = {id(p): clean_name(n) for n, p in module.model.named_parameters()}
+            local = lambda t: t.to_local() if isinstance(t, DTensor) else t  # noqa: E731
             self.out.update(
                 losses=self.losses,
                 final={clean_name(k): _full(v) for k, v in module.model.state_dict().items()},
                 ema={clean_name(k): _full(v) for k, v in module.ema.state_dict().items()} if module.ema else None,
                 optim_params=sorted(names[id(p)] for p in opt.state),
+                optim_numel=sum(local(v).numel() for st in opt.state.values() for k, v in st.items() if k != "step"),
+                trainable_numel=sum(local(p).numel() for p in module.model.parameters() if p.requires_grad),
                 trainable=sorted(clean_name(n) for n, p in module.model.named_parameters() if p.requires_grad))
 
     return Collect()
@@ -260,6 +265,7 @@ def test_streamed_pretrained_loading(tmp_path, folder, layout, lora):
         if lora:
             assert s["optim_params"] == s["trainable"] and all(".lora_" in n for n in s["trainable"])
             assert len(s["trainable"]) == 2 * 2 * 10  # 2 blocks x 10 linears x (A, B)
+            assert s["optim_numel"] == 2 * s["trainable_numel"]  # AdamW's two moments of this rank's adapter shards
     if layout != "FSDP2":  # one data-parallel rank: the same batches and noise as one process
         single = _train(0, 1, str(tmp_path / "single"), folder, None, lora, False)
         assert ranks[0]["stream"]["losses"] == pytest.approx(single["losses"], rel=1e-5)
