@@ -9,13 +9,13 @@ layers); ranks left over after TP x CP x PP become data parallel (sharded with F
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
 The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies
 the family's plan (e.g. :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it (and to its
-EMA copy) before Lightning creates the optimizer. A network initialised in ``configure_model`` is broadcast
-from rank 0 before it is sharded. A config that names pretrained weights (``WanConfig.pretrained``) is built
-on the meta device instead (:meth:`streams_weights`): the plan is applied, ``to_empty`` allocates each rank's
-shards, and ``init_weights()`` reads only those slices from the safetensors shards; LoRA adapters are seeded
-by path (as in one process) and the EMA copies the model's shards, so no rank holds the whole network. After each backward the strategy completes the
-gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``), and gradient
-clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
+EMA copy) before Lightning creates the optimizer. A network initialised in ``configure_model`` is
+broadcast from rank 0 before it is sharded. A config that names pretrained weights (``WanConfig.pretrained``)
+is built on the meta device instead (:meth:`streams_weights`): the plan is applied, ``to_empty`` allocates
+each rank's shards, and ``init_weights()`` reads only those slices from the safetensors shards; LoRA adapters
+are seeded by path (as in one process) and the EMA copies the model's shards, so no rank holds the whole
+network. After each backward the strategy completes the gradients that FSDP/DTensor leave partial
+(``nemo_vfm.parallel.grads.sync_grads``), and gradient clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
 distributed checkpoint format), loadable under another layout.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
