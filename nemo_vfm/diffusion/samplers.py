@@ -156,8 +156,8 @@ def _uni_c(x_prev, m_new, ms: list, sigmas: torch.Tensor, i: int, order: int) ->
     phi = h_phi_1 / hh - 1  # the B(h) coefficients b_k = k! h phi_{k+1}(h) / B(h), k = 1, 2
     b1 = phi / h_phi_1
     b2 = (phi / hh - 0.5) * 2 / h_phi_1
-    rho = torch.linalg.solve(torch.stack([torch.stack([torch.ones(()), torch.ones(())]), torch.stack([rk, torch.ones(())])]),
-                             torch.stack([b1, b2]))
+    one = torch.ones_like(rk)
+    rho = torch.linalg.solve(torch.stack([torch.stack([one, one]), torch.stack([rk, one])]), torch.stack([b1, b2]))
     return x_t - alpha_t * h_phi_1 * (rho[0] * ((ms[-2] - m0) / rk) + rho[1] * (m_new - m0))
 
 
@@ -174,17 +174,17 @@ def flow_unipc(velocity, x: torch.Tensor, sigmas: torch.Tensor, times: torch.Ten
     """
     if order not in (1, 2):
         raise ValueError(f"flow_unipc supports order 1 or 2 (diffusers' Wan setting: 2), got {order}")
-    sig = sigmas.detach().to("cpu", torch.float32)
+    sig = sigmas.detach().to("cpu", torch.float32)  # step coefficients: CPU scalars (no device syncs)
     n = len(sig) - 1
-    t_net = sig[:-1] if times is None else times
+    t_net = (sig[:-1] if times is None else times).to(x.device)
     ms: list[torch.Tensor] = []  # the last `order` x0 predictions
     x_prev, last_order = None, 1
     for i in tqdm(range(n), disable=not progress, desc="unipc"):
-        m = x - sig[i].to(x.device) * velocity(x, _sig(t_net[i].to(x.device), x))
+        m = x - sig[i] * velocity(x, _sig(t_net[i], x))
         if x_prev is not None:
-            x = _uni_c(x_prev, m, ms, sig.to(x.device), i, last_order)
+            x = _uni_c(x_prev, m, ms, sig, i, last_order)
         ms = (ms + [m])[-order:]
         last_order = min(order, n - i, len(ms))
         x_prev = x
-        x = _uni_p(x, ms, sig.to(x.device), i, last_order)
+        x = _uni_p(x, ms, sig, i, last_order)
     return x
