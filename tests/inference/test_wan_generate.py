@@ -171,6 +171,7 @@ def test_torchrun_cp2_with_negative_prompt_cfg_writes_the_single_process_video(t
     """Under torchrun the prompts and the negative prompt are encoded on rank 0 and broadcast; CP2 generation
     writes the video of one process."""
     import os
+    import socket
     import subprocess
     import sys
     from pathlib import Path
@@ -178,7 +179,11 @@ def test_torchrun_cp2_with_negative_prompt_cfg_writes_the_single_process_video(t
     args = ["generate", "--ckpt", str(t2v), "--prompt", "a red circle moving left", *SIZE]
     assert main(args + ["--out", str(tmp_path / "one")]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+    with socket.socket() as s:  # a free port, not torchrun's default 29500 (other runs on the machine may hold it)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(port), "-m",
                         "nemo_vfm.cli.main", *args, "--cp", "2", "--out", str(tmp_path / "cp2")],
                        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2], env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
