@@ -76,7 +76,7 @@ def _finetune_wan(flavor: str, name: str) -> run.Partial:
         objective=wan_objective(flavor),
         optim=run.Config(OptimConfig, lr=1e-5, weight_decay=0.0, warmup_steps=50, betas=(0.9, 0.999)),
         log=run.Config(ExperimentConfig, name=name, root="experiments"),
-        sampling=run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50, guidance=5.0),
+        sampling=run.Config(SamplingConfig, enabled=False, sampler="unipc", num_steps=50, guidance=5.0),
         ema_decay=None,
         cond_dropout=0.1,
         seed=1234,
@@ -170,6 +170,6 @@ def dreambooth_wan_1_3b() -> run.Partial:
         tokenizer="wan", tokenizer_kwargs={"path": weights, "dtype": "bf16", "device": "cuda"}, text_encoder="umt5",
         text_encoder_kwargs={"path": weights, "max_length": 512, "dtype": "bf16", "device": "cuda"})
     recipe.trainer.max_steps = 500
-    recipe.sampling = run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50, guidance=5.0)
+    recipe.sampling = run.Config(SamplingConfig, enabled=False, sampler="unipc", num_steps=50, guidance=5.0)
     recipe.log.name = "dreambooth_wan_1_3b"
     return recipe

@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="generated", help="output folder")
     p.add_argument("--steps", type=int, default=35, help="sampler steps")
     p.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale (1 = off)")
-    p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler"),
-                   help="default: heun for EDM, flow-euler for flow matching")
+    p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler", "unipc"),
+                   help="default: the checkpoint's (Wan folders: unipc, diffusers' Wan scheduler), else heun for "
+                        "EDM and flow-euler for flow matching")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per batch")
     p.add_argument("--frames", type=int, help="video frames (default: the training size)")
@@ -139,7 +140,7 @@ def _run(args) -> int:
         if not hasattr(info.objective, "shift"):
             raise ValueError("--flow-shift applies to flow-matching checkpoints; drop it")
         info.objective = dataclasses.replace(info.objective, shift=args.flow_shift)
-    sampler = args.sampler or default_sampler(info.objective)
+    sampler = args.sampler or gen.get("sampler") or default_sampler(info.objective)
     check_sampler(info.objective, sampler)
     cfg = SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)
     started = dist.is_initialized()

@@ -9,9 +9,13 @@ layers); ranks left over after TP x CP x PP become data parallel (sharded with F
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
 The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies
 the family's plan (e.g. :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it (and to its
-EMA copy) before Lightning creates the optimizer. After each backward the strategy completes the
-gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``), and gradient
-clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
+EMA copy) before Lightning creates the optimizer. A network initialised in ``configure_model`` is
+broadcast from rank 0 before it is sharded. A config that names pretrained weights (``WanConfig.pretrained``)
+is built on the meta device instead (:meth:`streams_weights`): the plan is applied, ``to_empty`` allocates
+each rank's shards, and ``init_weights()`` reads only those slices from the safetensors shards; LoRA adapters
+are seeded by path (as in one process) and the EMA copies the model's shards, so no rank holds the whole
+network. After each backward the strategy completes the gradients that FSDP/DTensor leave partial
+(``nemo_vfm.parallel.grads.sync_grads``), and gradient clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
 distributed checkpoint format), loadable under another layout.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
@@ -215,7 +219,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
             self._parallelize(net)
             ema = getattr(module, "ema", None)
             if ema is not None:  # same layout, so that the EMA update is element-wise on local shards
-                self._parallelize(ema)
+                self._parallelize(ema, source=net)
         super().setup(trainer)
         if self.pipeline_parallel:  # after Lightning has moved the stages to the device
             from nemo_vfm.parallel.pipeline import PipelineRunner
@@ -225,13 +229,40 @@ class VFMParallelStrategy(ModelParallelStrategy):
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
         self._install_clipping()
 
-    def _parallelize(self, net) -> None:
+    def streams_weights(self, model_config) -> bool:
+        """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed
+        onto the mesh (each rank reads its shards only): a config naming ``pretrained`` weights that its network's
+        ``init_weights()`` loads (Wan), outside pipeline parallelism."""
+        return bool(getattr(model_config, "pretrained", None)) and not self.pipeline_parallel
+
+    def _parallelize(self, net, source=None) -> None:
         device = self.root_device
+        kwargs = self._family_kwargs(self.plan.parallelize)
+        if any(p.is_meta for p in net.parameters()) and self.streams_weights(getattr(net, "cfg", None)):
+            # meta -> plan -> to_empty -> weights: no rank ever holds the whole network
+            self.plan.parallelize(net, self.parallel_mesh, **kwargs)
+            net.to_empty(device=device)
+            self._load_streamed(net, source)
+            net._vfm_parallelized = True
+            return
         self._materialize(net, device)
         net.to(device)
         self._broadcast_weights(net)
-        self.plan.parallelize(net, self.parallel_mesh, **self._family_kwargs(self.plan.parallelize))
+        self.plan.parallelize(net, self.parallel_mesh, **kwargs)
         net._vfm_parallelized = True
+
+    @torch.no_grad()
+    def _load_streamed(self, net, source=None) -> None:
+        """Fill a parallelised, just materialised network: from ``source`` (the loaded model, for its EMA copy),
+        else its pretrained weights (``init_weights()``) and LoRA adapters seeded as in one process."""
+        from nemo_vfm.models.common.lora import init_lora_weights
+        from nemo_vfm.parallel.materialize import copy_local
+
+        if source is not None:
+            copy_local(net, source)
+            return
+        net.init_weights()
+        init_lora_weights(net, getattr(self.lightning_module, "seed", 0))
 
     @staticmethod
     def _materialize(net, device) -> None:
