@@ -173,3 +173,20 @@ def test_engine_compile_option_compiles_the_blocks(monkeypatch):
     net = wan_config("tiny").build()
     InferenceEngine.from_model(net, wan_objective("tiny"), device="cpu", compile=True)
     assert seen == [net.blocks]
+
+
+def test_generate_compiles_wan_on_cuda_by_default():
+    """``vfm generate`` compiles the blocks of Wan checkpoints on CUDA unless told ``--no-compile``; other
+    families and the CPU stay eager unless told ``--compile``."""
+    import argparse
+    from types import SimpleNamespace as NS
+
+    from nemo_vfm.cli.generate import add_arguments, default_compile
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    parse = lambda *a: p.parse_args(["--ckpt", "x", *a])  # noqa: E731
+    wan, dit, cuda, cpu = NS(kind="wan"), NS(kind="dit"), torch.device("cuda"), torch.device("cpu")
+    assert default_compile(parse(), wan, cuda) and not default_compile(parse(), wan, cpu)
+    assert not default_compile(parse(), dit, cuda)
+    assert not default_compile(parse("--no-compile"), wan, cuda) and default_compile(parse("--compile"), dit, cpu)
