@@ -6,27 +6,32 @@
     python bench/wan_step.py --mode infer --out bench/results/wan_1_3b_infer_h100.json
     # LoRA (rank 32 on every attention and FFN linear) step of Wan-1.3B: ours vs diffusers + peft (gradient checkpointing)
     python bench/wan_step.py --mode lora --out bench/results/wan_1_3b_lora_h100.json
-    # Wan-14B LoRA on one 80 GB GPU, no FSDP: frozen bf16 base, full activation checkpointing (memory and s/step)
+    # Wan-14B LoRA on one 80 GB GPU, no FSDP: frozen bf16 base, the recipe's checkpointing (memory and s/step)
     python bench/wan_step.py --mode lora --model t2v_14b --cases ours --steps 5 --warmup 2 \
         --out bench/results/wan_14b_lora_h100.json
     # CPU smoke run (what the tests do)
     python bench/wan_step.py --device cpu --tiny --mode full
 
-Modes (``MODES``; one function per mode returns ``{case: step closure}`` for ours and diffusers'):
+Modes (``MODES``; one function per mode returns ``{case: step closure}`` for ours and diffusers'). Our cases run
+what users run: on CUDA the blocks are compiled (the recipes' ``compile="auto"``, ``vfm generate``'s default for
+Wan) and training uses the recipes' activation checkpointing (``RECIPE_AC``: ``save_attention``, every block
+recomputed in backward except its self-attention; ``--ac`` overrides).
 
 * ``full``: flow-matching loss (Wan's objective), forward, backward and AdamW over all parameters (bf16 weights,
-  fp32 master weights, fused AdamW) for both. Ours: blocks compiled (``nemo_vfm.parallel.compile``) with
-  activation checkpointing ``--ac`` (default full: at 32,760 tokens the un-checkpointed activations of 30 blocks
-  exceed 80 GB); diffusers: ``enable_gradient_checkpointing()``, its usual training setting.
+  fp32 master weights, fused AdamW) for both. Ours: compiled blocks (``nemo_vfm.parallel.compile``) with
+  activation checkpointing ``--ac`` (at 32,760 tokens the un-checkpointed activations of 30 blocks exceed
+  80 GB); diffusers: ``enable_gradient_checkpointing()``, its usual training setting.
 * ``lora``: LoRA fine-tune step (``--lora-rank``/``--lora-alpha`` on every attention and FFN linear; frozen bf16
   base, adapters with fp32 master weights and fused AdamW). Ours: ``nemo_vfm.models.common.lora`` adapters,
   compiled blocks, ``--ac``; diffusers: peft adapters (``add_adapter``) on the same linears with
   ``enable_gradient_checkpointing()``. ``--model t2v_14b --cases ours``: the 14B LoRA step on one GPU.
-* ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network,
-  conditional and unconditional in one batch of 2; ``--compile`` = ``vfm generate --compile``) against
-  diffusers' ``WanPipeline`` step (two transformer calls of batch 1), no autograd.
+* ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network
+  with its cuDNN attention and compiled blocks, conditional and unconditional in one batch of 2; ``--no-compile``
+  = ``vfm generate --no-compile``) against diffusers' ``WanPipeline`` step (two transformer calls of batch 1),
+  no autograd.
 
-Writes JSON: device, date, commit, per case ms/step (median), peak memory, and ours/diffusers' speed ratio.
+Writes JSON: device, date, commit, per case ms/step (median), warm-up seconds (compilation included), peak memory,
+with ``--profile`` the top CUDA kernels, and ours/diffusers' speed ratio.
 """
 
 from __future__ import annotations
