@@ -227,3 +227,20 @@ def test_a_pipeline_folder_samples_with_its_scheduler_shift(t2v, tmp_path):
     assert info.objective.shift == 3.0 and info.generation["sampler"] == "unipc"
     (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps({"flow_shift": 3.0}))
     assert read_checkpoint_info(folder).objective.shift == 5.0
+
+
+def test_generate_compiles_wan_on_cuda_by_default():
+    """``vfm generate`` compiles the blocks of Wan checkpoints on CUDA unless told ``--no-compile``; other
+    families and the CPU stay eager unless told ``--compile``."""
+    import argparse
+    from types import SimpleNamespace as NS
+
+    from nemo_vfm.cli.generate import add_arguments, default_compile
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    parse = lambda *a: p.parse_args(["--ckpt", "x", *a])  # noqa: E731
+    wan, dit, cuda, cpu = NS(kind="wan"), NS(kind="dit"), torch.device("cuda"), torch.device("cpu")
+    assert default_compile(parse(), wan, cuda) and not default_compile(parse(), wan, cpu)
+    assert not default_compile(parse(), dit, cuda)
+    assert not default_compile(parse("--no-compile"), wan, cuda) and default_compile(parse("--compile"), dit, cpu)
