@@ -71,7 +71,7 @@ def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain() -> run.Partial:
     """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents of 2,048 tokens, batch 8 per GPU
-    (51.5 GiB peak and 254 ms/step on an H100, docs/benchmarks.md; other batch sizes not measured), compiled
+    (51.5 GiB peak and 250-259 ms/step on an H100, docs/benchmarks.md; other batch sizes not measured), compiled
     blocks. Every ``pretrain_*`` mutates it.
 
     CLI: ``python launchers/train.py --factory pretrain --yes trainer.max_steps=10``
