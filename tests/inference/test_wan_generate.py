@@ -188,9 +188,16 @@ def test_torchrun_cp2_with_negative_prompt_cfg_writes_the_single_process_video(t
                        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2], env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "on 2 process(es): cp=2" in r.stdout
-    one, _ = read_video(tmp_path / "one" / "batch000.mp4")
-    cp2, _ = read_video(tmp_path / "cp2" / "batch000.mp4")
-    assert one.shape == cp2.shape and np.abs(one.astype(int) - cp2.astype(int)).max() <= 2
+    # another prompt: what a wrong broadcast would change
+    assert main(["generate", "--ckpt", str(t2v), "--prompt", "a blue square moving up", *SIZE,
+                 "--out", str(tmp_path / "other")]) == 0
+    one, cp2, other = (read_video(tmp_path / d / "batch000.mp4")[0].astype(int) for d in ("one", "cp2", "other"))
+    assert one.shape == cp2.shape
+    # Bit-identical on some CPUs; on others the split sequence rounds differently (~1e-6), and a flipped uint8
+    # changes the h264 encoder's choices in its block (CI once saw one pixel 41 off). So: CP2 must be far
+    # closer to one process than another prompt is (a random tiny Wan barely follows its prompt: ~1.5 levels).
+    d_cp2, d_other = np.abs(one - cp2), np.abs(one - other)
+    assert d_cp2.mean() < 0.2 * d_other.mean(), (d_cp2.mean(), d_cp2.max(), d_other.mean(), d_other.max())
 
 
 def test_engine_compile_option_compiles_the_blocks(monkeypatch):
