@@ -6,27 +6,32 @@
     python bench/wan_step.py --mode infer --out bench/results/wan_1_3b_infer_h100.json
     # LoRA (rank 32 on every attention and FFN linear) step of Wan-1.3B: ours vs diffusers + peft (gradient checkpointing)
     python bench/wan_step.py --mode lora --out bench/results/wan_1_3b_lora_h100.json
-    # Wan-14B LoRA on one 80 GB GPU, no FSDP: frozen bf16 base, full activation checkpointing (memory and s/step)
+    # Wan-14B LoRA on one 80 GB GPU, no FSDP: frozen bf16 base, the recipe's checkpointing (memory and s/step)
     python bench/wan_step.py --mode lora --model t2v_14b --cases ours --steps 5 --warmup 2 \
         --out bench/results/wan_14b_lora_h100.json
     # CPU smoke run (what the tests do)
     python bench/wan_step.py --device cpu --tiny --mode full
 
-Modes (``MODES``; one function per mode returns ``{case: step closure}`` for ours and diffusers'):
+Modes (``MODES``; one function per mode returns ``{case: step closure}`` for ours and diffusers'). Our cases run
+what users run: on CUDA the blocks are compiled (the recipes' ``compile="auto"``, ``vfm generate``'s default for
+Wan) and training uses the recipes' activation checkpointing (``RECIPE_AC``: ``save_attention``, every block
+recomputed in backward except its self-attention; ``--ac`` overrides).
 
 * ``full``: flow-matching loss (Wan's objective), forward, backward and AdamW over all parameters (bf16 weights,
-  fp32 master weights, fused AdamW) for both. Ours: blocks compiled (``nemo_vfm.parallel.compile``) with
-  activation checkpointing ``--ac`` (default full: at 32,760 tokens the un-checkpointed activations of 30 blocks
-  exceed 80 GB); diffusers: ``enable_gradient_checkpointing()``, its usual training setting.
+  fp32 master weights, fused AdamW) for both. Ours: compiled blocks (``nemo_vfm.parallel.compile``) with
+  activation checkpointing ``--ac`` (at 32,760 tokens the un-checkpointed activations of 30 blocks exceed
+  80 GB); diffusers: ``enable_gradient_checkpointing()``, its usual training setting.
 * ``lora``: LoRA fine-tune step (``--lora-rank``/``--lora-alpha`` on every attention and FFN linear; frozen bf16
   base, adapters with fp32 master weights and fused AdamW). Ours: ``nemo_vfm.models.common.lora`` adapters,
   compiled blocks, ``--ac``; diffusers: peft adapters (``add_adapter``) on the same linears with
   ``enable_gradient_checkpointing()``. ``--model t2v_14b --cases ours``: the 14B LoRA step on one GPU.
-* ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network,
-  conditional and unconditional in one batch of 2; ``--compile`` = ``vfm generate --compile``) against
-  diffusers' ``WanPipeline`` step (two transformer calls of batch 1), no autograd.
+* ``infer``: one classifier-free-guided denoising step as ``vfm generate`` runs it (``InferenceEngine`` network
+  with its cuDNN attention and compiled blocks, conditional and unconditional in one batch of 2; ``--no-compile``
+  = ``vfm generate --no-compile``) against diffusers' ``WanPipeline`` step (two transformer calls of batch 1),
+  no autograd.
 
-Writes JSON: device, date, commit, per case ms/step (median), peak memory, and ours/diffusers' speed ratio.
+Writes JSON: device, date, commit, per case ms/step (median), warm-up seconds (compilation included), peak memory,
+with ``--profile`` the top CUDA kernels, and ours/diffusers' speed ratio.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -42,10 +48,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_throughput import MasterWeights, environment, set_sdpa_backend, time_steps  # noqa: E402
+from train_throughput import MasterWeights, environment, kernel_profile, set_sdpa_backend, time_steps  # noqa: E402
 
 LATENT = (21, 60, 104)  # 480x832 px, 81 frames through the Wan VAE (4x temporal, 8x spatial)
 TINY_LATENT = (2, 4, 4)
+# The activation checkpointing of the recipes (recipes/finetune.py: finetune_wan_1_3b, lora_wan_1_3b,
+# lora_wan_14b), the default of --ac here; tests/bench/test_wan_step.py checks that they agree.
+RECIPE_AC = {("full", "t2v_1_3b"): "save_attention", ("lora", "t2v_1_3b"): "save_attention",
+             ("lora", "t2v_14b"): "save_attention"}
 
 
 def wan_config(tiny: bool, model: str = "t2v_1_3b"):
@@ -256,12 +266,16 @@ def run(a, device) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
         times, losses = time_steps(step, a.steps, a.warmup, device)
         vals = [v for v in losses if v == v]
         out[name] = {"ms": 1e3 * statistics.median(times), "ms_all": [1e3 * x for x in times],
+                     "warmup_s": round(time.perf_counter() - t0 - sum(times), 1),  # compilation included
                      "peak_mem_gib": (torch.cuda.max_memory_allocated() / 2**30) if device.type == "cuda" else None}
         if a.mode != "infer" and (len(vals) != len(losses) or not all(abs(v) < 1e6 for v in vals)):
             raise RuntimeError(f"{name}: non-finite loss {losses}")
+        if a.profile:
+            out[name]["profile"] = kernel_profile(step, device, top=25)
         del step
     if "ours" in out and "diffusers" in out:
         out["ratio"] = out["diffusers"]["ms"] / out["ours"]["ms"]  # > 1: ours is faster
@@ -281,10 +295,11 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile our blocks (default: on for full; off for infer, as vfm generate runs by default; "
-                        "--compile there = vfm generate --compile)")
-    p.add_argument("--ac", default="full", help="our activation checkpointing in full mode (none, full, selective, "
-                                                "selective_op)")
+                   help="compile our blocks (default: on CUDA, as the recipes train and vfm generate samples Wan there)")
+    p.add_argument("--ac", default=None, help="our activation checkpointing in full and lora modes (none, full, "
+                                              "save_attention, selective, selective_op; default: the recipe's, "
+                                              "RECIPE_AC)")
+    p.add_argument("--profile", action="store_true", help="also record the top CUDA kernels of 2 steps per case")
     p.add_argument("--ac-every", type=int, default=2)
     p.add_argument("--sdpa", default="cudnn", help="SDPA backend for both (auto, cudnn, flash, efficient, math)")
     p.add_argument("--cases", default="ours,diffusers", help="which to run (comma list)")
@@ -297,7 +312,9 @@ def parse_args(argv=None):
         TINY_LATENT if a.tiny else LATENT)
     a.cases = [c for c in a.cases.split(",") if c]
     if a.compile is None:
-        a.compile = a.mode != "infer" and not (a.tiny and a.device == "cpu")
+        a.compile = a.device != "cpu"
+    if a.ac is None:
+        a.ac = RECIPE_AC.get((a.mode, a.model), "full") if a.mode != "infer" else "none"
     return a
 
 
@@ -312,7 +329,7 @@ def main(argv=None) -> int:
         tokens *= n // pt
     result = {**environment(device, a.commit), "mode": a.mode, "model": "tiny" if a.tiny else a.model,
               "latent": list(a.latent), "tokens": tokens, "batch": a.batch, "precision": a.precision,
-              "compile": a.compile, "ac": a.ac if a.mode == "full" else None, "sdpa": a.sdpa,
+              "compile": a.compile, "ac": a.ac if a.mode != "infer" else None, "sdpa": a.sdpa,
               "results": run(a, device)}
     if a.mode == "lora":
         result.update(lora_rank=a.lora_rank, lora_alpha=a.lora_alpha,

@@ -71,7 +71,7 @@ def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain() -> run.Partial:
     """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents of 2,048 tokens, batch 8 per GPU
-    (51.5 GiB peak and 254 ms/step on an H100, docs/benchmarks.md; other batch sizes not measured), compiled
+    (51.5 GiB peak and 250-259 ms/step on an H100, docs/benchmarks.md; other batch sizes not measured), compiled
     blocks. Every ``pretrain_*`` mutates it.
 
     CLI: ``python launchers/train.py --factory pretrain --yes trainer.max_steps=10``
@@ -171,7 +171,8 @@ def pretrain_28b() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_xl2_256() -> run.Partial:
     """The original DiT-XL/2 at 256 px (class-conditional ImageNet shape: 4x32x32 latents, 256 tokens, learned
-    sigma, 1000 classes; what Fast-DiT trains), on mock latents. Batch 176 per GPU with bf16 autocast and
+    sigma, 1000 classes; what Fast-DiT trains), on mock latents, with the original training settings: AdamW at
+    a constant 1e-4 without warm-up, no weight decay, no gradient clipping, EMA 0.9999. Batch 176 per GPU with bf16 autocast and
     compiled blocks: faster than 128 on one 80 GB GPU (565 vs 556 img/s, docs/benchmarks.md; batch 256 needs activation checkpointing:
     ``trainer.strategy.activation_checkpointing=full``). ``bench/compare_fastdit.py`` runs it against Fast-DiT.
     CLI: ``python launchers/train.py --factory pretrain_xl2_256 --yes trainer.max_steps=100``
@@ -181,6 +182,8 @@ def pretrain_xl2_256() -> run.Partial:
     recipe.model = run.Config(DiTConfig, **{**FLAVORS["xl"], **ORIGINAL_DIT})
     recipe.data = run.Config(MockLatentDataModule, latent_channels=4, num_frames=1, height=32, width=32,
                              context_dim=None, num_classes=1000, batch_size=176, num_workers=2)
+    recipe.trainer.gradient_clip_val = None
+    recipe.optim.warmup_steps = 0
     recipe.log.name = "pretrain_xl2_256"
     return recipe
 

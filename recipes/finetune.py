@@ -76,7 +76,7 @@ def _finetune_wan(flavor: str, name: str) -> run.Partial:
         objective=wan_objective(flavor),
         optim=run.Config(OptimConfig, lr=1e-5, weight_decay=0.0, warmup_steps=50, betas=(0.9, 0.999)),
         log=run.Config(ExperimentConfig, name=name, root="experiments"),
-        sampling=run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50, guidance=5.0),
+        sampling=run.Config(SamplingConfig, enabled=False, sampler="unipc", num_steps=50, guidance=5.0),
         ema_decay=None,
         cond_dropout=0.1,
         seed=1234,
@@ -85,13 +85,14 @@ def _finetune_wan(flavor: str, name: str) -> run.Partial:
 
 @run.cli.factory(target=train)
 def finetune_wan_1_3b() -> run.Partial:
-    """Full fine-tuning of Wan2.1-T2V-1.3B on prepared data, bf16 autocast, FSDP2 with full activation
-    checkpointing over the GPUs given.
+    """Full fine-tuning of Wan2.1-T2V-1.3B on prepared data, bf16 autocast, FSDP2 over the GPUs given, compiled
+    blocks, activation checkpointing ``"save_attention"`` (every block recomputed in backward except its
+    self-attention: the fastest mode that fits one 80 GB GPU at 480p x 81 frames, docs/finetuning.md).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_1_3b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.finetune_wan_1_3b(); recipe.model.pretrained = DIR``
     """
     recipe = _finetune_wan("t2v_1_3b", "finetune_wan_1_3b")
-    return parallel.with_fsdp(recipe, activation_checkpointing="full")
+    return parallel.with_fsdp(recipe, activation_checkpointing="save_attention")
 
 
 @run.cli.factory(target=train)
@@ -107,25 +108,27 @@ def finetune_wan_14b() -> run.Partial:
 
 @run.cli.factory(target=train)
 def lora_wan_1_3b() -> run.Partial:
-    """LoRA (rank 32, alpha 32) on the attention and MLP linears of Wan2.1-T2V-1.3B; one GPU, compiled blocks.
+    """LoRA (rank 32, alpha 32) on the attention and MLP linears of Wan2.1-T2V-1.3B; one GPU, compiled blocks,
+    activation checkpointing ``"save_attention"`` (the fastest mode that fits one 80 GB GPU at 480p x 81 frames,
+    docs/finetuning.md).
     CLI: ``python launchers/train.py --factory lora_wan_1_3b --yes model.pretrained=DIR lora.rank=64``
     Python: ``recipe = finetune.lora_wan_1_3b(); recipe.lora.rank = 64``
     """
     recipe = with_lora(_finetune_wan("t2v_1_3b", "lora_wan_1_3b"), rank=32, targets=WAN_LORA_TARGETS)
-    recipe.trainer.strategy = run.Config(VFMParallelStrategy, compile=True)
+    recipe.trainer.strategy = run.Config(VFMParallelStrategy, compile=True, activation_checkpointing="save_attention")
     return recipe
 
 
 @run.cli.factory(target=train)
 def lora_wan_14b() -> run.Partial:
-    """LoRA (rank 32) on Wan2.1-T2V-14B: the frozen base in bf16, full activation checkpointing; one 80 GB
-    GPU at 480p, FSDP2 over more.
+    """LoRA (rank 32) on Wan2.1-T2V-14B: the frozen base in bf16, activation checkpointing ``"save_attention"``;
+    one 80 GB GPU at 480p x 81 frames (measured, docs/finetuning.md), FSDP2 over more.
     CLI: ``python launchers/train.py --factory lora_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.lora_wan_14b(); recipe.lora.rank = 16``
     """
     recipe = with_lora(_finetune_wan("t2v_14b", "lora_wan_14b"), rank=32, targets=WAN_LORA_TARGETS,
                        frozen_dtype="bf16")
-    return parallel.with_fsdp(recipe, activation_checkpointing="full")
+    return parallel.with_fsdp(recipe, activation_checkpointing="save_attention")
 
 
 @run.cli.factory(target=train)
@@ -172,6 +175,6 @@ def dreambooth_wan_1_3b() -> run.Partial:
         tokenizer="wan", tokenizer_kwargs={"path": weights, "dtype": "bf16", "device": "cuda"}, text_encoder="umt5",
         text_encoder_kwargs={"path": weights, "max_length": 512, "dtype": "bf16", "device": "cuda"})
     recipe.trainer.max_steps = 500
-    recipe.sampling = run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50, guidance=5.0)
+    recipe.sampling = run.Config(SamplingConfig, enabled=False, sampler="unipc", num_steps=50, guidance=5.0)
     recipe.log.name = "dreambooth_wan_1_3b"
     return recipe

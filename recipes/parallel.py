@@ -92,7 +92,8 @@ def with_ep(recipe: run.Partial, size: int) -> run.Partial:
 
 
 def with_activation_checkpointing(recipe: run.Partial, mode: str = "full", every: int = 2) -> run.Partial:
-    """``"full"`` (every block), ``"selective"`` (every ``every``-th block) or ``"selective_op"``."""
+    """``"full"`` (every block), ``"save_attention"`` (every block, its self-attention output kept),
+    ``"selective"`` (every ``every``-th block) or ``"selective_op"`` (``nemo_vfm.parallel.activation_checkpoint``)."""
     s = strategy(recipe)
     s.activation_checkpointing, s.activation_checkpointing_every = mode, every
     return recipe

@@ -1,6 +1,7 @@
 """DreamBooth on the quickstart DiT: 8 clips of one subject (a red square moving right on black) with an
 instance prompt, prior preservation from class samples that the base model draws; after fine-tuning, the
-instance prompt's samples show a red object on a dark background, the base model's do not.
+instance prompt's samples show a red object on a dark background, the base model's do not. On a tiny random
+Wan pipeline folder: the Wan path (Wan VAE + UMT5, class videos from the base Wan, LoRA) runs end to end.
 
 Measured with a colour check (share of pixels near the subject's red, mean brightness of the rest) and the
 shapes sample-quality metric (``nemo_vfm.evaluation.shapes``, against the subject's description "a red square
@@ -124,3 +125,49 @@ def test_dreambooth_quickstart_learns_the_subject(tmp_path):
     # the stricter background, count and motion criteria need a longer run than this CPU-sized one
     assert after["rates"]["object_colour"] >= 0.75 > before["rates"]["object_colour"], (after["rates"],
                                                                                          before["rates"])
+
+
+def test_dreambooth_wan_lora_with_prior_preservation_runs(tmp_path):
+    """The dreambooth_wan_1_3b path on a tiny random Wan pipeline folder (CPU): the Wan VAE and UMT5 from the
+    folder encode the subject's clips, the base Wan (model.pretrained) draws the class videos first, then LoRA
+    trains on both; only the adapters change."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("diffusers")
+    sys.path.insert(0, str(Path(__file__).parent / "inference"))
+    from test_wan_generate import _pipeline  # a tiny random Wan pipeline folder
+
+    from nemo_vfm.inference.checkpoint import raw_state_dict, read_checkpoint_info
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.models.common.lora import LoRAConfig
+    from nemo_vfm.models.wan.convert import load_pretrained, read_config
+    from nemo_vfm.models.wan.flavors import wan_objective
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    root = _pipeline(tmp_path / "wan", False)
+    (tmp_path / "inst").mkdir()
+    spec = ShapeClipSpec(num_frames=5, height=32, width=32)
+    for i in range(2):
+        write_video(tmp_path / "inst" / f"clip{i}.mp4",
+                    render_shape_clip(spec, "square", "red", "black", "right", (0.3 + 0.3 * i, 0.5)))
+    data = DreamBoothDataModule(
+        instance_data=str(tmp_path / "inst"), instance_prompt="a sks square", class_data=str(tmp_path / "cls"),
+        class_prompt="a square", prior_preservation=True, num_class_samples=2, num_frames=5, height=32, width=32,
+        fps=16.0, batch_size=2, tokenizer="wan", tokenizer_kwargs={"path": str(root)}, text_encoder="umt5",
+        text_encoder_kwargs={"path": str(root), "max_length": 16})
+    model = read_config(root, pretrained=str(root))
+    out = train(model=model, data=data, objective=wan_objective("tiny"), ema_decay=None, cond_dropout=0.1,
+                lora=LoRAConfig(rank=2, alpha=2.0, targets=("self_attn.q", "self_attn.v", "ffn.0")),
+                sampling=SamplingConfig(enabled=False, sampler="unipc", num_steps=2, guidance=5.0),
+                trainer=TrainerConfig(max_steps=2, accelerator="cpu", devices=1, precision="32-true",
+                                      log_every_n_steps=1, checkpoint_every_n_steps=100, enable_progress_bar=False),
+                log=ExperimentConfig(name="db_wan", root=str(tmp_path), tensorboard=False))
+    assert len(list((tmp_path / "cls").glob("class_*.mp4"))) == 2  # drawn by the base Wan before training
+    assert out["step"] == 2 and np.isfinite(out["loss"])
+    saved = raw_state_dict(read_checkpoint_info(out["checkpoint"]))
+    base = load_pretrained(root).state_dict()
+    for k, v in saved.items():
+        if ".lora_" not in k:
+            assert torch.equal(v, base[k.replace(".base.", ".")]), k  # frozen
+    assert any(v.abs().sum() > 0 for k, v in saved.items() if ".lora_B." in k)  # the adapters trained

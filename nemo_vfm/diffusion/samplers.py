@@ -1,4 +1,4 @@
-"""ODE samplers on the Karras noise schedule (EDM) and Euler for flow matching.
+"""ODE samplers on the Karras noise schedule (EDM), and Euler and UniPC for flow matching.
 
 A *denoiser* is ``f(x, sigma (B,)) -> x0_hat``; the probability-flow ODE is
 ``dx/dsigma = (x - f(x, sigma)) / sigma``.
@@ -9,6 +9,7 @@ A *denoiser* is ``f(x, sigma (B,)) -> x0_hat``; the probability-flow ODE is
 | :func:`heun` (EDM Algorithm 1) | 2 | 2n - 1 |
 | :func:`res_multistep` (RES, exponential integrator, 2-step) | 2 | n |
 | :func:`flow_euler` (rectified flow) | 1 | n |
+| :func:`flow_unipc` (rectified flow, UniPC predictor-corrector, bh2) | 2 (3 with the corrector) | n |
 """
 
 from __future__ import annotations
@@ -98,4 +99,92 @@ def flow_euler(velocity, x: torch.Tensor, times: torch.Tensor, progress: bool = 
     for i in tqdm(range(len(times) - 1), disable=not progress, desc="flow-euler"):
         t, t_next = times[i], times[i + 1]
         x = x + (t_next - t).to(x.dtype) * velocity(x, _sig(t, x))
+    return x
+
+
+def flow_unipc_schedule(num_steps: int, shift: float, num_train_timesteps: int = 1000
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noise levels and network times of diffusers' ``UniPCMultistepScheduler(use_flow_sigmas=True,
+    flow_shift=shift)`` (the scheduler of diffusers' Wan pipelines): ``sigmas (num_steps + 1,)`` float32, the
+    shifted ``linspace(1, 1/num_train_timesteps)`` (the first nudged to ``1 - 1e-6``) then a final 0, and
+    ``times (num_steps,)``, each sigma truncated to the training grid (``floor(num_train_timesteps * sigma) /
+    num_train_timesteps``): the network sees the integer timesteps Wan was trained with."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    sig = torch.linspace(1, 1 / num_train_timesteps, num_steps + 1, dtype=torch.float64)[:-1]
+    sig = shift * sig / (1 + (shift - 1) * sig)
+    if abs(float(sig[0]) - 1) < 1e-6:
+        sig[0] -= 1e-6  # alpha = 1 - sigma stays > 0: log(alpha) is finite
+    times = torch.floor(sig * num_train_timesteps) / num_train_timesteps
+    return torch.cat([sig, sig.new_zeros(1)]).float(), times.float()
+
+
+def _unipc_coeffs(sigmas: torch.Tensor, s: int, t: int):
+    """``(sigma_t / sigma_s, alpha_t, h_phi_1 = B_h, h)`` of a UniPC step from level ``s`` to ``t`` for rectified
+    flow (``alpha = 1 - sigma``, ``lambda = log(alpha / sigma)``), in float32 as diffusers computes them."""
+    sig_s, sig_t = sigmas[s], sigmas[t]
+    alpha_s, alpha_t = 1 - sig_s, 1 - sig_t
+    h = (torch.log(alpha_t) - torch.log(sig_t)) - (torch.log(alpha_s) - torch.log(sig_s))
+    return sig_t / sig_s, alpha_t, torch.expm1(-h), h
+
+
+def _unipc_lambda(sigmas: torch.Tensor, i: int) -> torch.Tensor:
+    return torch.log(1 - sigmas[i]) - torch.log(sigmas[i])
+
+
+def _uni_p(x, ms: list, sigmas: torch.Tensor, i: int, order: int) -> torch.Tensor:
+    """UniP-``order`` (B(h) = e^h - 1, x0 predictions ``ms``, newest last) from level ``i`` to ``i + 1``."""
+    ratio, alpha_t, h_phi_1, h = _unipc_coeffs(sigmas, i, i + 1)
+    m0 = ms[-1]
+    x_next = ratio * x - alpha_t * h_phi_1 * m0
+    if order == 2:  # diffusers' simplified second order: rho = 1/2
+        rk = (_unipc_lambda(sigmas, i - 1) - _unipc_lambda(sigmas, i)) / h
+        x_next = x_next - alpha_t * h_phi_1 * (0.5 * ((ms[-2] - m0) / rk))
+    return x_next
+
+
+def _uni_c(x_prev, m_new, ms: list, sigmas: torch.Tensor, i: int, order: int) -> torch.Tensor:
+    """UniC-``order``: the sample at level ``i``, predicted from ``x_prev`` at ``i - 1``, corrected with the
+    new x0 prediction ``m_new`` (``ms``: the earlier predictions, newest last)."""
+    ratio, alpha_t, h_phi_1, h = _unipc_coeffs(sigmas, i - 1, i)
+    m0 = ms[-1]
+    x_t = ratio * x_prev - alpha_t * h_phi_1 * m0
+    if order == 1:
+        return x_t - alpha_t * h_phi_1 * (0.5 * (m_new - m0))
+    hh = -h
+    rk = (_unipc_lambda(sigmas, i - 2) - _unipc_lambda(sigmas, i - 1)) / h
+    phi = h_phi_1 / hh - 1  # the B(h) coefficients b_k = k! h phi_{k+1}(h) / B(h), k = 1, 2
+    b1 = phi / h_phi_1
+    b2 = (phi / hh - 0.5) * 2 / h_phi_1
+    one = torch.ones_like(rk)
+    rho = torch.linalg.solve(torch.stack([torch.stack([one, one]), torch.stack([rk, one])]), torch.stack([b1, b2]))
+    return x_t - alpha_t * h_phi_1 * (rho[0] * ((ms[-2] - m0) / rk) + rho[1] * (m_new - m0))
+
+
+@torch.no_grad()
+def flow_unipc(velocity, x: torch.Tensor, sigmas: torch.Tensor, times: torch.Tensor | None = None, order: int = 2,
+               progress: bool = False) -> torch.Tensor:
+    """UniPC multistep sampler (Zhao et al. 2023) for rectified flow, as diffusers' ``UniPCMultistepScheduler``
+    (``prediction_type="flow_prediction"``, ``predict_x0``, ``solver_type="bh2"``, ``lower_order_final``) runs it.
+
+    One network call per step: the velocity at ``(x_i, times[i])`` (default ``sigmas[i]``) gives the x0
+    prediction ``m_i = x_i - sigma_i v``; a corrector (UniC) refines ``x_i`` with ``m_i``, then a predictor
+    (UniP) steps to ``sigma_{i+1}``. Orders warm up from 1 and drop to 1 on the last step, whose predictor
+    returns ``m`` itself. ``sigmas (n + 1,)`` end at 0 (:func:`flow_unipc_schedule`).
+    """
+    if order not in (1, 2):
+        raise ValueError(f"flow_unipc supports order 1 or 2 (diffusers' Wan setting: 2), got {order}")
+    sig = sigmas.detach().to("cpu", torch.float32)  # step coefficients: CPU scalars (no device syncs)
+    n = len(sig) - 1
+    t_net = (sig[:-1] if times is None else times).to(x.device)
+    ms: list[torch.Tensor] = []  # the last `order` x0 predictions
+    x_prev, last_order = None, 1
+    for i in tqdm(range(n), disable=not progress, desc="unipc"):
+        m = x - sig[i] * velocity(x, _sig(t_net[i], x))
+        if x_prev is not None:
+            x = _uni_c(x_prev, m, ms, sig, i, last_order)
+        ms = (ms + [m])[-order:]
+        last_order = min(order, n - i, len(ms))
+        x_prev = x
+        x = _uni_p(x, ms, sig, i, last_order)
     return x

@@ -240,16 +240,10 @@ def _copy_full(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
 def _base_view(own: dict) -> dict:
     """A LoRA network's state dict under the plain model's names: ``p.base.weight`` as ``p.weight`` (the same
     tensors), adapters left out."""
+    from nemo_vfm.models.common.lora import plain_param_name
+
     paths = {k.split(".lora_A.")[0] for k in own if ".lora_A." in k}
-    out = {}
-    for k, v in own.items():
-        if ".lora_A." in k or ".lora_B." in k:
-            continue
-        head, _, leaf = k.rpartition(".")
-        if head.endswith(".base") and head[: -len(".base")] in paths:
-            k = f"{head[: -len('.base')]}.{leaf}"
-        out[k] = v
-    return out
+    return {name: v for k, v in own.items() if (name := plain_param_name(k, paths)) is not None}
 
 
 def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
@@ -283,12 +277,10 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
     own = net.state_dict()
     net_lora = any(".lora_A." in k for k in own)
     if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
-        if net_lora:
-            raise ValueError(f"{info.path} is a Wan folder: for LoRA, load it through model.pretrained (read before "
-                             "the adapters are added), not init_from")
         from nemo_vfm.models.wan.convert import load_weights as load_wan
 
-        return load_wan(net, info.path)
+        load_wan(net, info.path)  # a LoRA network: its base weights (adapters kept)
+        return
     if net_lora and info.lora is None:  # a plain checkpoint into a LoRA network: its base weights, adapters kept
         own = _base_view(own)
     raw = net_lora and info.lora is not None  # LoRA run into a LoRA network: the saved keys as they are

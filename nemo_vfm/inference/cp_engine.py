@@ -59,6 +59,15 @@ def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, p
     return plan.parallelize(model, pmesh, **kwargs)
 
 
+def select_attention(layout: InferenceLayout, device: torch.device) -> None:
+    """On CUDA, pick the SDPA kernel for ``layout.attention_backend`` (``auto``: cuDNN, as in training; measured
+    fastest for long videos, ``nemo_vfm.parallel.sdpa_backend``) before anything is compiled."""
+    if device.type == "cuda":
+        from nemo_vfm.parallel.sdpa_backend import SDPA_BACKENDS, select_sdpa_backend
+
+        select_sdpa_backend(layout.attention_backend if layout.attention_backend in SDPA_BACKENDS else "auto")
+
+
 class InferenceEngine:
     """A network ready to sample on this process's share of an :class:`InferenceLayout`."""
 
@@ -95,6 +104,7 @@ class InferenceEngine:
         model = model.to(device)
         if dtype is not None:
             model = model.to(_dtype(dtype))
+        select_attention(layout, device)
         parallelize_for_inference(model, layout, pmesh, compile)
         if cache_text_kv and not compile:
             cache_text_projections(model)
@@ -122,6 +132,7 @@ class InferenceEngine:
         check_model_layout(cfg, layout, latent_thw)
         pmesh = build_inference_mesh(layout, cfg.num_heads, device.type)
         model = cfg.build("meta").to(_dtype(dtype))
+        select_attention(layout, device)
         parallelize_for_inference(model, layout, pmesh, compile)
         model.to_empty(device=device)
         kept = set(model.state_dict())

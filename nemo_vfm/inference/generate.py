@@ -16,7 +16,7 @@ class SamplingConfig:
 
     num_steps: int = 35
     guidance: float = 5.0
-    sampler: str = "heun"  # EDM: heun | euler | res; flow matching: euler (= flow-euler)
+    sampler: str = "heun"  # EDM: heun | euler | res; flow matching: euler (= flow-euler) | unipc
     seed: int = 0
     num_samples: int = 4  # previews during training: the first N captions of the dataset
     every_n_steps: int = 0  # previews during training (0 = only at the end)

@@ -20,9 +20,9 @@ import torch
 
 from nemo_vfm.diffusion import samplers
 
-SAMPLERS = ("heun", "euler", "res", "flow-euler")
+SAMPLERS = ("heun", "euler", "res", "flow-euler", "unipc")
 EDM_SAMPLERS = ("heun", "euler", "res")
-FLOW_SAMPLERS = ("euler", "flow-euler")  # the same Euler integrator of the velocity ODE
+FLOW_SAMPLERS = ("euler", "flow-euler", "unipc")  # euler = flow-euler; unipc: diffusers' Wan scheduler
 
 
 def is_flow(objective) -> bool:
@@ -106,6 +106,9 @@ def solve(objective, fn, noise: torch.Tensor, sampler: str, num_steps: int, prog
     """Integrate ``fn(x, t) -> prediction`` from ``noise`` (unit Gaussian) to clean latents."""
     check_sampler(objective, sampler)
     device = noise.device
+    if is_flow(objective) and sampler == "unipc":
+        sigmas, times = samplers.flow_unipc_schedule(num_steps, objective.shift)
+        return samplers.flow_unipc(fn, noise, sigmas, times, progress=progress)
     if is_flow(objective):
         times = objective.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))
         return samplers.flow_euler(fn, noise, times, progress=progress)

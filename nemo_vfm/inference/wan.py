@@ -8,7 +8,9 @@ engine builds, parallelises (CP / TP / CFG-parallel) and loads it like any other
 needs the pipeline's ``vae/`` (the Wan VAE through ``nemo_vfm.tokenizers``) and ``text_encoder/`` (UMT5).
 
 Wan's classifier-free guidance contrasts the prompt with an encoded *negative prompt* (default: the empty
-string), not with zeroed text; the engine encodes it when the generation settings name one.
+string), not with zeroed text; the engine encodes it when the generation settings name one. The default
+sampler is UniPC (``samplers.flow_unipc``), the scheduler of diffusers' Wan pipelines, with the shift of the
+pipeline's ``scheduler/`` config when it has one (else the flavor's).
 
 Image-to-video (:func:`image_conditions`): the CLIP ViT-H penultimate hidden states of the image
 (``image_embeds (N, 257, 1280)``) and ``cond_latents (N, 20, t, h, w)``: a 4-channel mask (1 on the first
@@ -36,8 +38,9 @@ def wan_checkpoint_info(path: str | Path):
     cfg = read_config(root)
     flavor = flavor_of(cfg) or ("i2v_14b_480p" if cfg.is_i2v else "t2v_1_3b")  # the I2V sizes share one architecture
     sampling = SAMPLING[flavor]
-    objective = wan_objective(flavor)
-    gen = {"fps": WAN_FPS, "negative_prompt": ""}
+    shift = scheduler_shift(root)  # a diffusers pipeline samples with its scheduler's shift
+    objective = wan_objective(flavor, **({"shift": shift} if shift else {}))
+    gen = {"fps": WAN_FPS, "negative_prompt": "", "sampler": "unipc"}  # diffusers' Wan pipelines: UniPC
     if (root / "vae").is_dir():
         gen["tokenizer"] = {"name": "wan", "kwargs": {"path": str(root)}}
         h, w = sampling["size"]
@@ -47,6 +50,19 @@ def wan_checkpoint_info(path: str | Path):
     if cfg.is_i2v and (root / "image_encoder").is_dir():
         gen["image_encoder"] = str(root)
     return CheckpointInfo(root, "wan", cfg, objective, gen, 0)
+
+
+def scheduler_shift(path: str | Path) -> float | None:
+    """The flow shift of a diffusers pipeline folder's flow-sigma scheduler (``scheduler/scheduler_config.json``:
+    ``flow_shift`` with ``use_flow_sigmas``, as the UniPC scheduler of the published Wan pipelines has), or None."""
+    import json
+
+    try:
+        c = json.loads((Path(path) / "scheduler" / "scheduler_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    shift = c.get("flow_shift") if c.get("use_flow_sigmas") else None
+    return float(shift) if isinstance(shift, (int, float)) and shift > 0 else None
 
 
 def check_generation_parts(info) -> None:

@@ -90,12 +90,18 @@ class DiffusionModule(L.LightningModule):
             if missing:
                 raise TypeError(f"pipeline parallelism needs an objective with {missing} (as EDM and FlowMatching "
                                 f"have); {type(self.objective).__name__} has not.")
-        self.model = self.model_config.build()
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        # A parallel strategy that streams pretrained weights onto the mesh: build unallocated; the strategy
+        # parallelises, materialises and loads (VFMParallelStrategy.streams_weights), adapters included.
+        meta = bool(getattr(strategy, "streams_weights", lambda cfg: False)(self.model_config))
+        self.model = self.model_config.build("meta") if meta else self.model_config.build()
         if self.lora is not None:
-            from nemo_vfm.models.common.lora import apply_lora
+            from nemo_vfm.models.common.lora import apply_lora, init_lora_weights
 
             apply_lora(self.model, self.lora)
-        if self.ema_decay:
+            if not meta:  # seeded by path: the same adapters as a streamed (meta) build in any layout
+                init_lora_weights(self.model, self.seed)
+        if self.ema_decay:  # a meta copy gets the model's weights once materialised (strategy)
             self.ema = copy.deepcopy(self.model).requires_grad_(False)
 
     def forward(self, *args, **kwargs):

@@ -6,7 +6,8 @@ counted (``train/nonfinite_steps``) and training goes on; ``max_consecutive`` su
 as above. Either way no checkpoint holding NaN/Inf weights or optimizer state is ever written: the live
 weights and optimizer state are checked before every save, which raises instead.
 
-Cost per optimizer step: one multi-tensor norm of the local gradients, a few scalar kernels, and under
+Cost per optimizer step: one multi-tensor norm of the local gradients (none where ``VFMParallelStrategy``
+clips by norm: its mesh-wide norm is the check), a few scalar kernels, and under
 several processes one scalar all-reduce; no host synchronisation where the optimizer takes a device-side
 skip flag (fused AdamW, the default on CUDA: ``optimizer.found_inf``, as ``GradScaler`` uses it). Other
 optimizers read the flag on the host each step (free on the CPU; one synchronisation per step on a GPU).
@@ -56,6 +57,13 @@ def _any_nonfinite(tensors, device) -> torch.Tensor:
     return bad
 
 
+def _clip_flags_nonfinite(trainer) -> bool:
+    """Whether this step's gradient clipping will mark a non-finite gradient norm in the optimizer's
+    ``found_inf`` (``VFMParallelStrategy``'s norm clipping does)."""
+    return (bool(getattr(trainer.strategy, "CLIP_FLAGS_NONFINITE", False)) and bool(trainer.gradient_clip_val)
+            and trainer.gradient_clip_algorithm in (None, "norm"))
+
+
 class NonFiniteGuard(L.Callback):
     """The ``trainer.nonfinite`` policy (see the module docstring); ``ckpt_dir`` names the checkpoint to resume
     from in the stop message."""
@@ -71,6 +79,7 @@ class NonFiniteGuard(L.Callback):
         self._state: torch.Tensor | None = None
         self._loss_bad: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
+        self._pending: tuple | None = None  # (skip flag, step, device, loss) of a step whose clipping checks grads
         self._reported = 0
         self.nonfinite_steps = 0  # as of the last check
 
@@ -87,7 +96,10 @@ class NonFiniteGuard(L.Callback):
         device = pl_module.device
         params = [p for g in optimizer.param_groups for p in g["params"]]
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        bad = torch.zeros((), dtype=torch.bool, device=device) if scaler is not None else \
+        # Where the strategy's norm clipping follows and flags a non-finite norm in the fused optimizer's
+        # skip flag, that norm is the check: no second pass over the gradients (counted after the step).
+        by_clip = scaler is None and bool(optimizer.defaults.get("fused")) and _clip_flags_nonfinite(trainer)
+        bad = torch.zeros((), dtype=torch.bool, device=device) if scaler is not None or by_clip else \
             _any_nonfinite([p.grad for p in params if p.grad is not None], device)
         if self._loss_bad is not None:
             bad = bad | self._loss_bad.to(device)
@@ -101,8 +113,18 @@ class NonFiniteGuard(L.Callback):
             elif bool(bad):  # host read: free on the CPU
                 for p in params:
                     p.grad = None  # the optimizer skips parameters without gradients; clipping sees none
-        self._count(bad, trainer.global_step + 1, device)
+        if by_clip:  # the clipping completes the flag: count it once the step has run
+            self._pending = (optimizer.found_inf, trainer.global_step + 1, device, self._loss)
+        else:
+            self._count(bad, trainer.global_step + 1, device)
         self._loss_bad, self._loss = None, None
+
+    def _count_pending(self) -> None:
+        if self._pending is not None:
+            flag, step, device, self._loss = self._pending
+            self._pending = None
+            self._count(flag > 0, step, device)
+            self._loss = None
 
     def _count(self, bad: torch.Tensor, step: int, device) -> None:
         if self._state is None or self._state.device != torch.device(device):
@@ -132,11 +154,13 @@ class NonFiniteGuard(L.Callback):
                 or step >= trainer.max_steps > 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._count_pending()
         if self._due(trainer):
             self.check(trainer, pl_module)
 
     def check(self, trainer, pl_module=None) -> None:
         """Read the counters; raise :class:`NonFiniteError` when the policy says stop, else report skips."""
+        self._count_pending()
         if self._state is None:
             return
         total, _, longest, first, start, loss, loss_step = self._state.tolist()

@@ -9,9 +9,13 @@ layers); ranks left over after TP x CP x PP become data parallel (sharded with F
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
 The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies
 the family's plan (e.g. :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it (and to its
-EMA copy) before Lightning creates the optimizer. After each backward the strategy completes the
-gradients that FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``), and gradient
-clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
+EMA copy) before Lightning creates the optimizer. A network initialised in ``configure_model`` is
+broadcast from rank 0 before it is sharded. A config that names pretrained weights (``WanConfig.pretrained``)
+is built on the meta device instead (:meth:`streams_weights`): the plan is applied, ``to_empty`` allocates
+each rank's shards, and ``init_weights()`` reads only those slices from the safetensors shards; LoRA adapters
+are seeded by path (as in one process) and the EMA copies the model's shards, so no rank holds the whole
+network. After each backward the strategy completes the gradients that FSDP/DTensor leave partial
+(``nemo_vfm.parallel.grads.sync_grads``), and gradient clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
 distributed checkpoint format), loadable under another layout.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
@@ -59,6 +63,9 @@ def family_plan(model_or_config):
 
 class VFMParallelStrategy(ModelParallelStrategy):
     """4D-parallel strategy. Knob names follow NeMo/Megatron; see the module docstring."""
+
+    # Norm clipping marks a NaN/Inf gradient norm in the fused optimizer's ``found_inf`` (NonFiniteGuard reads it)
+    CLIP_FLAGS_NONFINITE = True
 
     def __init__(
         self,
@@ -125,6 +132,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self.parallel_mesh = None
         self.pipeline = None  # the PipelineRunner of this rank's stages, under pipeline parallelism
         self._stage_ids: list[int] = []
+        self._copy_stream = None  # CUDA: the side stream batches are copied on (batch_to_device)
 
     @property
     def pipeline_parallel(self) -> bool:
@@ -211,7 +219,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
             self._parallelize(net)
             ema = getattr(module, "ema", None)
             if ema is not None:  # same layout, so that the EMA update is element-wise on local shards
-                self._parallelize(ema)
+                self._parallelize(ema, source=net)
         super().setup(trainer)
         if self.pipeline_parallel:  # after Lightning has moved the stages to the device
             from nemo_vfm.parallel.pipeline import PipelineRunner
@@ -221,13 +229,40 @@ class VFMParallelStrategy(ModelParallelStrategy):
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
         self._install_clipping()
 
-    def _parallelize(self, net) -> None:
+    def streams_weights(self, model_config) -> bool:
+        """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed
+        onto the mesh (each rank reads its shards only): a config naming ``pretrained`` weights that its network's
+        ``init_weights()`` loads (Wan), outside pipeline parallelism."""
+        return bool(getattr(model_config, "pretrained", None)) and not self.pipeline_parallel
+
+    def _parallelize(self, net, source=None) -> None:
         device = self.root_device
+        kwargs = self._family_kwargs(self.plan.parallelize)
+        if any(p.is_meta for p in net.parameters()) and self.streams_weights(getattr(net, "cfg", None)):
+            # meta -> plan -> to_empty -> weights: no rank ever holds the whole network
+            self.plan.parallelize(net, self.parallel_mesh, **kwargs)
+            net.to_empty(device=device)
+            self._load_streamed(net, source)
+            net._vfm_parallelized = True
+            return
         self._materialize(net, device)
         net.to(device)
         self._broadcast_weights(net)
-        self.plan.parallelize(net, self.parallel_mesh, **self._family_kwargs(self.plan.parallelize))
+        self.plan.parallelize(net, self.parallel_mesh, **kwargs)
         net._vfm_parallelized = True
+
+    @torch.no_grad()
+    def _load_streamed(self, net, source=None) -> None:
+        """Fill a parallelised, just materialised network: from ``source`` (the loaded model, for its EMA copy),
+        else its pretrained weights (``init_weights()``) and LoRA adapters seeded as in one process."""
+        from nemo_vfm.models.common.lora import init_lora_weights
+        from nemo_vfm.parallel.materialize import copy_local
+
+        if source is not None:
+            copy_local(net, source)
+            return
+        net.init_weights()
+        init_lora_weights(net, getattr(self.lightning_module, "seed", 0))
 
     @staticmethod
     def _materialize(net, device) -> None:
@@ -249,17 +284,43 @@ class VFMParallelStrategy(ModelParallelStrategy):
                 data.copy_(buf)
 
     def _install_clipping(self) -> None:
-        from nemo_vfm.parallel.grads import clip_grad_norm_
+        """Norm clipping over the whole mesh. With a fused optimizer (AdamW on CUDA) and no loss scaler the
+        gradients are not rescaled in a pass of their own: the optimizer's kernel divides them by its
+        ``grad_scale`` (``max(norm / clip_val, 1)``), so clipping costs one norm."""
+        from nemo_vfm.parallel.grads import clip_grad_norm_, total_grad_norm
         from nemo_vfm.parallel.pipeline import StageList
 
         strategy, duplicated = self, self.plan.PP_DUPLICATED
 
         def clip_grad_by_norm(optimizer, clip_val):
             net = strategy.lightning_module.model
-            clip_grad_norm_(list(net) if isinstance(net, StageList) else net, float(clip_val), strategy.parallel_mesh,
-                            pp_duplicated=duplicated)
+            net = list(net) if isinstance(net, StageList) else net
+            if optimizer.defaults.get("fused") and getattr(strategy.precision_plugin, "scaler", None) is None:
+                norm = total_grad_norm(net, strategy.parallel_mesh, pp_duplicated=duplicated)
+                optimizer.grad_scale = torch.clamp((norm + 1e-6) / float(clip_val), min=1.0)  # = 1 / clip coefficient
+            else:
+                norm = clip_grad_norm_(net, float(clip_val), strategy.parallel_mesh, pp_duplicated=duplicated)
+            flag = getattr(optimizer, "found_inf", None)  # the fused optimizer's skip flag (NonFiniteGuard sets it)
+            if flag is not None:  # a non-finite mesh-wide norm means a NaN/Inf gradient somewhere: skip the update
+                torch.maximum(flag, (~torch.isfinite(norm)).to(flag.dtype), out=flag)
 
         self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
+
+    def batch_to_device(self, batch, device=None, dataloader_idx: int = 0):
+        """On CUDA the batch is copied on a side stream that the compute stream then waits for: the host runs
+        ahead of the GPU, so the copy of step N+1's batch (from pinned memory) overlaps step N's kernels
+        instead of queueing behind them on the compute stream."""
+        device = torch.device(device) if device is not None else self.root_device
+        if device.type != "cuda":
+            return super().batch_to_device(batch, device, dataloader_idx)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._copy_stream):
+            batch = super().batch_to_device(batch, device, dataloader_idx)
+        compute = torch.cuda.current_stream(device)
+        compute.wait_stream(self._copy_stream)
+        _record_stream(batch, compute)  # the allocator must not reuse these blocks before the step has used them
+        return batch
 
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         from nemo_vfm.parallel.grads import sync_grads
@@ -424,3 +485,22 @@ def _flat_optimizer_state(path: Path) -> bool | None:
     from nemo_vfm.parallel.checkpoint import saved_flat_optimizer
 
     return saved_flat_optimizer(path, "optimizer_0")
+
+
+def _record_stream(obj, stream) -> None:
+    """``record_stream`` for every CUDA tensor in a batch (dicts, lists, tuples, dataclasses such as
+    ``PackedBatch``)."""
+    import dataclasses
+
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda:
+            obj.record_stream(stream)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _record_stream(v, stream)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _record_stream(v, stream)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _record_stream(getattr(obj, f.name), stream)

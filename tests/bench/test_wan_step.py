@@ -23,5 +23,19 @@ def test_tiny_cpu_run_writes_json(tmp_path, mode):
 
 def test_the_default_size_is_480p_81_frames():
     a = wan_step.parse_args(["--mode", "full"])
-    assert a.latent == (21, 60, 104) and a.compile and a.ac == "full"
-    assert wan_step.parse_args(["--mode", "infer"]).compile is False  # vfm generate does not compile
+    assert a.latent == (21, 60, 104) and a.compile and a.ac == "save_attention"
+    assert wan_step.parse_args(["--mode", "infer"]).compile  # vfm generate compiles Wan on CUDA
+    assert not wan_step.parse_args(["--mode", "infer", "--device", "cpu"]).compile
+
+
+def test_the_default_checkpointing_is_the_recipes():
+    """--ac defaults to what the recipes train with, so the benchmark measures their code path."""
+    ft = pytest.importorskip("nemo_vfm_recipes.finetune")
+    recipes = {("full", "t2v_1_3b"): ft.finetune_wan_1_3b, ("lora", "t2v_1_3b"): ft.lora_wan_1_3b,
+               ("lora", "t2v_14b"): ft.lora_wan_14b}
+    assert recipes.keys() == wan_step.RECIPE_AC.keys()
+    for (mode, model), recipe in recipes.items():
+        strategy = recipe().trainer.strategy
+        assert strategy.activation_checkpointing == wan_step.RECIPE_AC[mode, model]
+        assert strategy.compile in (True, "auto")  # compiled on CUDA
+        assert wan_step.parse_args(["--mode", mode, "--model", model]).ac == strategy.activation_checkpointing

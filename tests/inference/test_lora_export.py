@@ -1,5 +1,5 @@
-"""LoRA and whole-model exports: our exported LoRA loaded into diffusers' WanTransformer3DModel (peft)
-gives our LoRA model's output; a LoRA run exports to a diffusers folder (merged) and loads for sampling."""
+"""LoRA and whole-model exports: our exported LoRA loaded into diffusers' WanTransformer3DModel (peft), directly
+and through ``WanPipeline.load_lora_weights``, gives our LoRA model's output; a LoRA run exports to a diffusers folder (merged) and loads for sampling."""
 
 import json
 
@@ -79,6 +79,11 @@ def test_exported_lora_applied_to_diffusers_matches(tmp_path):
     save_file(state, str(tmp_path / "lora.safetensors"))
     ref.load_lora_adapter(str(tmp_path / "lora.safetensors"), prefix="transformer", adapter_name="ours")
     torch.testing.assert_close(_diffusers_out(ref, cfg, x, t, ctx), ours, rtol=1e-5, atol=1e-5)
+    # the way users load it: a Wan pipeline's load_lora_weights (its key conversion and prefix handling)
+    pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=diffusers.UniPCMultistepScheduler(),
+                                 transformer=_diffusers_model(cfg, base))
+    pipe.load_lora_weights(str(tmp_path / "lora.safetensors"), adapter_name="ours")
+    torch.testing.assert_close(_diffusers_out(pipe.transformer, cfg, x, t, ctx), ours, rtol=1e-5, atol=1e-5)
 
 
 def _fake_run(tmp_path, cfg, net, lora):

@@ -114,6 +114,42 @@ def test_skip_drops_one_bad_update_and_goes_on(tmp_path, fused):
     assert all(_finite(p) for p in ckpts)
 
 
+class PoisonGradient(L.Callback):
+    """Makes one gradient NaN after the backward of the given (1-based) steps (the loss stays finite)."""
+
+    def __init__(self, steps):
+        self.steps, self.changed = set(steps), {}
+
+    def on_after_backward(self, trainer, pl_module):
+        self._step = trainer.global_step + 1
+        if self._step in self.steps:
+            next(p for p in pl_module.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+            self._before = [p.detach().clone() for p in pl_module.model.parameters()]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._step in self.steps:
+            now = list(pl_module.model.parameters())
+            self.changed[self._step] = any(not torch.equal(a, b) for a, b in zip(self._before, now))
+
+
+@pytest.mark.parametrize("poison", ["loss", "gradient"])
+def test_strategy_clipping_norm_is_the_gradient_check(tmp_path, poison, monkeypatch):
+    """Under VFMParallelStrategy with norm clipping and the fused AdamW (the GPU recipes' setting) the guard does
+    not scan the gradients itself: the clipping's mesh-wide norm flags the step in ``found_inf``."""
+    from nemo_vfm.lightning import nonfinite
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+    scans = []
+    monkeypatch.setattr(nonfinite, "_any_nonfinite", lambda *a: scans.append(1) or torch.tensor(False))
+    cb = PoisonBatches({3}) if poison == "loss" else PoisonGradient({3})
+    with pytest.warns(UserWarning, match="skipped 1 step"):
+        summary = _train(tmp_path, 4, callbacks=[cb], nonfinite="skip", fused=True, gradient_clip_val=1.0,
+                         strategy=VFMParallelStrategy(compile=False))
+    assert summary["step"] == 4 and math.isfinite(summary["loss"])
+    assert cb.changed == {3: False}  # the bad step's update was dropped by the fused kernel
+    assert len(scans) == 2  # only the weight checks of the two saves (steps 2, 4): no pass over the gradients
+
+
 def test_skip_stops_after_n_bad_steps_in_a_row(tmp_path):
     with pytest.raises(NonFiniteError, match=r"2 steps in a row from step 3"):
         _train(tmp_path, 8, callbacks=[PoisonBatches({3, 4, 5, 6})], nonfinite="skip", nonfinite_max_consecutive=2)

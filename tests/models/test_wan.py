@@ -195,6 +195,33 @@ def test_meta_build_then_init_weights_loads_pretrained(tmp_path):
         assert torch.equal(v, state[k]), k
 
 
+
+def test_lora_network_takes_a_wan_folder_as_its_base_weights(tmp_path):
+    """A network with LoRA adapters (built on meta, as the strategy does, or loaded through init_from) reads a
+    Wan folder into its base layers; the adapters are not in the folder and keep their values."""
+    from nemo_vfm.inference.checkpoint import load_pretrained as init_from
+    from nemo_vfm.models.common.lora import LoRAConfig, apply_lora, init_lora_weights
+
+    cfg = tiny(False)
+    state = randomized(cfg, 12).state_dict()
+    C.save_weights(state, tmp_path, cfg, layout="diffusers")
+    net = WanConfig(**{**vars(cfg), "pretrained": str(tmp_path)}).build("meta")
+    apply_lora(net, LoRAConfig(rank=2, targets=("ffn.0", "self_attn.q")))
+    net.to_empty(device="cpu")
+    net.init_weights()
+    init_lora_weights(net, seed=1)
+    adapters = {k: v.clone() for k, v in net.state_dict().items() if ".lora_" in k}
+    assert len(adapters) == 2 * 2 * 2
+    for k, v in net.state_dict().items():
+        if ".lora_" not in k:
+            assert torch.equal(v, state[k.replace(".base.", ".")]), k
+    other = randomized(cfg, 13)
+    apply_lora(other, LoRAConfig(rank=2, targets=("ffn.0", "self_attn.q")))
+    init_lora_weights(other, seed=1)
+    init_from(other, tmp_path)  # init_from=WAN_FOLDER into a LoRA network
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, adapters[k] if ".lora_" in k else state[k.replace(".base.", ".")]), k
+
 def test_trains_through_train(tmp_path):
     """Wan T2V follows the family contract: train() with Wan's objective runs, loss finite, checkpoint written."""
     import math

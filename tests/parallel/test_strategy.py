@@ -67,3 +67,27 @@ def test_knobs_checked_at_construction():
         VFMParallelStrategy(sequence_parallel=True)
     with pytest.raises(ValueError, match="pp_microbatches"):
         VFMParallelStrategy(pipeline_model_parallel_size=2, microbatches=0)
+
+
+def _clipped_fsdp_loss(rank, world, root, fused):
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.models.dit.model import DiTConfig
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16)
+    data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16,
+                                context_length=3, batch_size=2, num_samples=8)
+    trainer = TrainerConfig(max_steps=3, devices=world, accelerator="cpu", precision="32-true",
+                            strategy=VFMParallelStrategy(param_dtype=None), log_every_n_steps=1,
+                            checkpoint_every_n_steps=10, enable_progress_bar=False, gradient_clip_val=1e-3)
+    return train(model=model, data=data, trainer=trainer, optim=OptimConfig(lr=1e-2, warmup_steps=0, fused=fused),
+                 log=ExperimentConfig(name="c", root=root, tensorboard=False), ema_decay=None)["loss"]
+
+
+def test_fsdp2_fused_adamw_clips_through_grad_scale(tmp_path):
+    """FSDP2 over 2 gloo processes: the fused AdamW's in-kernel clipping (``grad_scale``, a plain 0-d tensor beside
+    DTensor parameters) trains exactly like the unfused AdamW with gradients clipped in place."""
+    fused = run_distributed(_clipped_fsdp_loss, 2, str(tmp_path / "fused"), True)
+    plain = run_distributed(_clipped_fsdp_loss, 2, str(tmp_path / "plain"), False)
+    assert fused == pytest.approx(plain, rel=1e-5)  # each rank's loss of step 3

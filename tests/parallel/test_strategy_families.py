@@ -1,5 +1,6 @@
-"""VFMParallelStrategy picks each model family's own plan: ST-DiT under hybrid CP2 and MovieGen under
-TP2 + SP train through ``train()`` with the same first-step loss as a single process."""
+"""VFMParallelStrategy picks each model family's own plan and passes it its knobs: ST-DiT under hybrid CP2,
+MovieGen under TP2 + SP and Wan under CP2 train through ``train()`` with the same first-step loss as a single
+process."""
 
 import pytest
 from gloo_launcher import run_distributed
@@ -48,8 +49,13 @@ def test_family_plan_lookup():
     import nemo_vfm.models.wan.parallelize as wan_plan
 
     assert family_plan(_config("wan")) is wan_plan
+    strategy = VFMParallelStrategy(activation_checkpointing="full", param_dtype=None)
     for plan in (dit_plan, stdit_plan, family_plan(_config("moviegen")), wan_plan):
         assert all(hasattr(plan, name) for name in ("parallelize", "check_layout", "TP_PARTIAL", "PP_DUPLICATED"))
+        # every family's plan takes the strategy's knobs by name (a **kwargs signature would drop them all)
+        knobs = strategy._family_kwargs(plan.parallelize)
+        assert knobs["activation_checkpointing"] == "full" and knobs["param_dtype"] is None, plan.__name__
+        assert {"compile", "reduce_dtype"} <= knobs.keys(), plan.__name__
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ State-dict keys: ``<path>.base.weight``, ``<path>.base.bias``, ``<path>.lora_A.w
 
 import fnmatch
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -86,10 +87,18 @@ class LoRALinear(nn.Module):
         return self.base.out_features
 
     @torch.no_grad()
-    def reset_lora(self) -> None:
-        """A: Kaiming-uniform (as nn.Linear); B: zeros, so the adapted layer starts equal to the base."""
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_B.weight)
+    def reset_lora(self, generator: torch.Generator | None = None) -> None:
+        """A: Kaiming-uniform (as nn.Linear); B: zeros, so the adapted layer starts equal to the base. Under
+        tensor parallelism / FSDP2 (DTensor weights) A is drawn whole (it is small) and each rank keeps its shard."""
+        from torch.distributed.tensor import DTensor
+
+        from nemo_vfm.parallel.materialize import fill_local
+
+        a, b = self.lora_A.weight, self.lora_B.weight
+        full = torch.empty(a.shape, dtype=torch.float32)
+        nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)
+        fill_local(a, lambda region: full if region is None else full[region])
+        (b.to_local() if isinstance(b, DTensor) else b).zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -179,10 +188,27 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
-def init_lora_weights(model: nn.Module) -> None:
-    """Initialise every adapter (after ``to_empty`` of a model that was built and adapted on the meta device)."""
-    for m in lora_modules(model).values():
-        m.reset_lora()
+def init_lora_weights(model: nn.Module, seed: int = 0) -> None:
+    """Initialise every adapter from ``seed`` and its module path (the same values in any parallel layout and
+    in any order; e.g. after ``to_empty`` of a model that was built and adapted on the meta device)."""
+    from nemo_vfm.parallel.grads import clean_name
+
+    for name, m in lora_modules(model).items():
+        g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(clean_name(name).encode()))
+        m.reset_lora(g)
+
+
+def plain_param_name(name: str, lora_paths) -> str | None:
+    """A LoRA network's parameter ``name`` under the plain network's names (``p.base.weight`` -> ``p.weight``
+    for ``p`` in ``lora_paths``); None for an adapter weight (``p.lora_A.weight``, ``p.lora_B.weight``)."""
+    head, _, leaf = name.rpartition(".")
+    parent, _, last = head.rpartition(".")
+    if parent in lora_paths:
+        if last in ("lora_A", "lora_B"):
+            return None
+        if last == "base":
+            return f"{parent}.{leaf}"
+    return name
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

@@ -11,8 +11,8 @@
 
 Loading builds the network on the meta device and reads one tensor at a time from each shard with
 ``safetensors.safe_open``: into a plain model by assignment, into a sharded one (FSDP2 / TP DTensors) by
-slicing each tensor to the parameter's placements (``distribute_tensor`` with no source rank: every rank
-reads only what it needs, no full model copy per rank and no broadcast).
+reading only the slice of each tensor that the rank holds (``nemo_vfm.parallel.materialize``: no full model
+copy per rank, no full tensor per rank under plain ``Shard`` placements, no broadcast).
 """
 
 from __future__ import annotations
@@ -256,20 +256,29 @@ def is_wan_folder(path: str | Path) -> bool:
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> None:
-    """Stream a Wan folder's weights into ``model`` (plain, or already parallelized: DTensor parameters get
-    their local slice), one tensor at a time. Materialized parameters are copied into; meta ones assigned."""
+def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int:
+    """Stream a Wan folder's weights into ``model``, one tensor at a time, and return the number of elements read.
+
+    ``model`` may be plain, built on the meta device (parameters assigned as read), or already parallelised:
+    a DTensor parameter (FSDP2, TP) gets only its local shard, read as a slice of the safetensors tensor, so no
+    rank reads (or holds) a full copy of the model. A network with LoRA adapters takes the weights as its base
+    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``)."""
     from safetensors import safe_open
-    from torch.distributed.tensor import DTensor, distribute_tensor
 
+    from nemo_vfm.models.common.lora import lora_modules, plain_param_name
     from nemo_vfm.parallel.grads import clean_name  # wrapper prefixes (activation checkpointing, compile)
+    from nemo_vfm.parallel.materialize import fill_local
 
-    params = {clean_name(n): (m, n.rsplit(".", 1)[-1]) for mn, m in model.named_modules()
-              for n in [f"{mn}.{pn}" if mn else pn for pn, _ in m.named_parameters(recurse=False)]}
-    seen = set()
-    files = weight_files(path)
+    lora_paths = {clean_name(n) for n in lora_modules(model)}
+    params = {}
+    for mn, m in model.named_modules():
+        for pn, _ in m.named_parameters(recurse=False):
+            name = plain_param_name(clean_name(f"{mn}.{pn}" if mn else pn), lora_paths)
+            if name is not None:  # adapters are not in a Wan folder
+                params[name] = (m, pn)
+    seen, n_read = set(), 0
     layout = None
-    for f in files:
+    for f in weight_files(path):
         with safe_open(str(f), framework="pt") as sf:
             keys = list(sf.keys())
             layout = layout or detect_layout(keys)
@@ -284,22 +293,22 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> Non
                     continue
                 mod, attr = params[name]
                 p = getattr(mod, attr)
-                t = sf.get_tensor(key)
-                if tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"{key}: shape {tuple(t.shape)} in the weights, {tuple(p.shape)} in the model; "
-                                     f"the config does not match the checkpoint")
-                if isinstance(p, DTensor):
-                    local = distribute_tensor(t.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None)
-                    p.to_local().copy_(local.to_local())
-                elif p.is_meta:
+                src = sf.get_slice(key)
+                if tuple(src.get_shape()) != tuple(p.shape):
+                    raise ValueError(f"{key}: shape {tuple(src.get_shape())} in the weights, {tuple(p.shape)} in the "
+                                     f"model; the config does not match the checkpoint")
+                if p.is_meta:
+                    t = sf.get_tensor(key)
                     setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
+                    n_read += t.numel()
                 else:
-                    p.copy_(t)
+                    n_read += fill_local(p, lambda region, k=key, s=src: sf.get_tensor(k) if region is None else s[region])
                 seen.add(name)
     missing = set(params) - seen
     if strict and missing:
         raise KeyError(f"the weights in {path} lack {len(missing)} parameters of this Wan model, e.g. "
                        f"{sorted(missing)[:3]}; the config does not match the checkpoint")
+    return n_read
 
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

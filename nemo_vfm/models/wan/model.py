@@ -135,15 +135,14 @@ class WanRMSNorm(nn.Module):
         self.tp_group = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        ms = xf.pow(2).mean(-1, keepdim=True)
-        w = self.weight
-        if self.tp_group is not None:
-            import torch.distributed as dist
+        if self.tp_group is None:  # one fused kernel on CUDA (fp32 statistics, output in x's dtype)
+            return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight
+        import torch.distributed as dist
 
-            size, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
-            ms = _AllReduceSum.apply(ms, self.tp_group) / size
-            w = w.narrow(0, rank * x.shape[-1], x.shape[-1])
+        xf = x.float()
+        size, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
+        ms = _AllReduceSum.apply(xf.pow(2).mean(-1, keepdim=True), self.tp_group) / size
+        w = self.weight.narrow(0, rank * x.shape[-1], x.shape[-1])
         return (xf * torch.rsqrt(ms + self.eps)).type_as(x) * w
 
 

@@ -68,9 +68,14 @@ def _scale_grad_hook(scale: float):
     return lambda mod, args, out: _ScaleGrad.apply(out, scale)
 
 
-def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, **kwargs) -> nn.Module:
+def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpointing: str = "none", ac_every: int = 2,
+                    compile: bool = False, fuse_qkv: bool = False, param_dtype: str | None = "bf16",
+                    reduce_dtype: str | None = "fp32", attention_backend: str = "auto",
+                    reshard_after_forward: bool = True, float8: str | None = None,
+                    float8_modules: str = "mlp") -> nn.Module:
     """Apply TP/SP, CP, FP8 (``ffn`` linears), activation checkpointing, compile and FSDP to ``model`` in place
-    (the keyword arguments of :func:`~nemo_vfm.models.dit.parallelize.parallelize_dit`); return it."""
+    (the keyword arguments of :func:`~nemo_vfm.models.dit.parallelize.parallelize_dit`, named here so that
+    ``VFMParallelStrategy`` passes its knobs on); return it."""
     d = pmesh.dims
     check_layout(model.cfg, d)
     if d.tp > 1:
@@ -86,8 +91,11 @@ def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, **kwargs) -> nn.Modul
         for m in (model.text_embedding, model.img_emb):
             if m is not None:
                 m.register_forward_hook(_scale_grad_hook(1.0 / d.tp))
-    return parallelize_dit(model, pmesh, check=check_layout, tp_plan=TP_PLAN, sp_input_arity=SP_INPUT_ARITY,
-                           self_attention_cores=SELF_ATTENTION_CORES, **kwargs)
+    return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
+                           compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                           attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
+                           float8=float8, float8_modules=float8_modules, check=check_layout, tp_plan=TP_PLAN,
+                           sp_input_arity=SP_INPUT_ARITY, self_attention_cores=SELF_ATTENTION_CORES)
 
 
 parallelize = parallelize_wan  # the family-generic name

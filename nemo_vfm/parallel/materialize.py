@@ -1,0 +1,63 @@
+"""Filling a parallelised network one tensor at a time, each rank only its own pieces.
+
+A network built on the meta device and parallelised (TP / FSDP2 DTensors), then ``to_empty``, holds
+uninitialised local shards. :func:`fill_local` writes one parameter from a reader that returns any region of
+the full tensor (a safetensors slice, a slice of a tensor in memory): under plain ``Shard`` / ``Replicate``
+placements the rank reads exactly the region it holds, never the full tensor. :func:`copy_local` copies one
+network's local shards into another laid out the same way (the EMA copy of a freshly loaded network).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def local_region(p: torch.Tensor) -> tuple[slice, ...] | None:
+    """The region of the full tensor that ``p`` holds on this rank, as slices per dim: everything for a plain
+    tensor, the local shard for a DTensor with plain ``Shard``/``Replicate`` placements; None for other
+    placements (e.g. FSDP2 over tensor parallel, ``_StridedShard``: the shard is not one block)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(p, DTensor):
+        return tuple(slice(0, n) for n in p.shape)
+    if not all(type(pl) in (Shard, Replicate) for pl in p.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
+@torch.no_grad()
+def fill_local(p: torch.Tensor, read: Callable[[tuple[slice, ...] | None], torch.Tensor]) -> int:
+    """Copy this rank's part of a full tensor into ``p`` (plain or DTensor). ``read(region)`` returns the full
+    tensor's ``region`` (slices per dim), or the whole tensor for ``region=None``. Returns the number of
+    elements read (this rank's share, or the full size where the placements need the whole tensor)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    region = local_region(p)
+    local = p.to_local() if isinstance(p, DTensor) else p
+    if region is None:  # uncommon placements: read the whole tensor, keep this rank's piece
+        full = read(None)
+        local.copy_(distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None).to_local())
+        return full.numel()
+    if local.numel() == 0:
+        return 0
+    piece = read(region)
+    local.copy_(piece)
+    return piece.numel()
+
+
+@torch.no_grad()
+def copy_local(dst: nn.Module, src: nn.Module) -> None:
+    """Copy ``src``'s parameters and buffers into ``dst`` (same structure, same parallel layout), shard by shard."""
+    from torch.distributed.tensor import DTensor
+
+    pairs = list(zip(dst.parameters(), src.parameters())) + list(zip(dst.buffers(), src.buffers()))
+    for d, s in pairs:
+        if tuple(d.shape) != tuple(s.shape) or isinstance(d, DTensor) != isinstance(s, DTensor):
+            raise ValueError(f"copy_local needs two networks of one structure and layout; got {tuple(d.shape)} "
+                             f"and {tuple(s.shape)}")
+        (d.to_local() if isinstance(d, DTensor) else d).copy_(s.to_local() if isinstance(s, DTensor) else s)
