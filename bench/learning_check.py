@@ -2,7 +2,7 @@
 path, plain config objects: no nemo-run, fiddle or energon needed) and score preview samples against their
 captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
 
-    # the GPU learning check: DiT-S, 16x64x64 videos, 1,800 steps, goal >= 95% of 32 preview samples passing
+    # the GPU learning check: DiT-S, 16x64x64 videos, 1,500 steps, goal >= 95% of 32 preview samples passing
     # every criterion; one H100: ~0.22 s/step + ~50 s per evaluation
     python bench/learning_check.py --preset gpu
     # the CPU demo's configuration (what recipes/dit.py quickstart builds), a few steps
@@ -61,8 +61,8 @@ def preset(name: str) -> dict:
             data=ShapesDataModule(num_clips=4096, num_frames=16, height=64, width=64, fps=8.0, batch_size=16,
                                   tokenizer="identity", tokenizer_kwargs={"spatial_compression": 2}, **text,
                                   position_jitter=0.1),
-            trainer=TrainerConfig(max_steps=1800, precision="bf16-mixed", accelerator="gpu", devices=1,
-                                  log_every_n_steps=50, checkpoint_every_n_steps=1800, gradient_clip_val=1.0),
+            trainer=TrainerConfig(max_steps=1500, precision="bf16-mixed", accelerator="gpu", devices=1,
+                                  log_every_n_steps=50, checkpoint_every_n_steps=1500, gradient_clip_val=1.0),
             objective=EDM(sigma_data=0.5, prediction="x0", p_mean=1.0, p_std=1.6),
             optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule="cosine"),
             sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=32),
