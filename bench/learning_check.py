@@ -165,7 +165,9 @@ def main(argv=None) -> int:
     loss = [{"step": r["step"], "loss": r["loss"]} for r in rows if "loss" in r]
     evals = [{k: v for k, v in r.items() if k == "step" or k.startswith("samples/")} for r in rows
              if "samples/pass_rate" in r]
-    step_times = [r["perf/step_time_s"] for r in rows if "perf/step_time_s" in r]
+    perf_file = Path(summary["exp_dir"]) / "perf.jsonl"  # written every log_every_n_steps
+    perf = read_metrics(perf_file) if perf_file.exists() else []
+    step_times = sorted(r["step_time_s"] for r in perf if "step_time_s" in r)
     final = evals[-1]["samples/pass_rate"] if evals else None
     result = {
         "preset": args.preset, "goal": args.goal, "reached": final is not None and final >= args.goal,
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
         and cfg["trainer"].accelerator == "gpu" else "cpu", "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit or _commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "wall_s": round(wall, 1),
-        "step_time_s_median": sorted(step_times)[len(step_times) // 2] if step_times else None,
+        "step_time_s_median": step_times[len(step_times) // 2] if step_times else None,
         "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss": loss, "evals": evals,
     }
     out.mkdir(parents=True, exist_ok=True)

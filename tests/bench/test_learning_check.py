@@ -34,14 +34,15 @@ def test_tiny_cpu_run_writes_json_and_png_without_nemo_run(tmp_path):
             "import learning_check as lc; "
             f"rc = lc.main(['--preset', 'quickstart', '--steps', '2', '--eval-every', '1', '--device', 'cpu', "
             f"'--out', {str(out)!r}, '--set', 'data.num_clips=8', '--set', 'data.batch_size=4', "
-            "'--set', 'sampling.num_samples=2', '--set', 'sampling.num_steps=2', '--set', 'model.num_layers=1']); "
+            "'--set', 'sampling.num_samples=2', '--set', 'sampling.num_steps=2', '--set', 'model.num_layers=1', "
+            "'--set', 'trainer.log_every_n_steps=1']); "
             "assert 'nemo_run' not in sys.modules and 'fiddle' not in sys.modules, 'imported nemo_run/fiddle'; "
             "print('RC', rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "RC 1" in r.stdout  # a 2-step model does not reach the goal: the check says so in its exit code
     d = json.loads((out / "learning_check.json").read_text())
-    assert d["device"] == "cpu" and d["steps"] == 2 and d["date"] and d["commit"]
+    assert d["device"] == "cpu" and d["steps"] == 2 and d["date"] and d["commit"] and d["step_time_s_median"] > 0
     assert [row["step"] for row in d["loss"]] == [1, 2]
     assert [e["step"] for e in d["evals"]] == [1, 2]
     assert all(0 <= e["samples/pass_rate"] <= 1 for e in d["evals"]) and d["reached"] is False
