@@ -3,7 +3,7 @@ path, plain config objects: no nemo-run, fiddle or energon needed) and score pre
 captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
 
     # the GPU learning check: DiT-S, 16x64x64 videos, 4,800 steps, goal >= 95% of 32 preview samples passing
-    # every criterion; one H100: ~0.10 s/step + ~10 s per evaluation
+    # every criterion; one H100: ~0.10 s/step + ~15 s per evaluation
     python bench/learning_check.py --preset gpu
     # the CPU demo's configuration (what recipes/dit.py quickstart builds), a few steps
     python bench/learning_check.py --preset quickstart --steps 5 --device cpu
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="gpu", choices=("gpu", "quickstart"))
     p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
     p.add_argument("--eval-every", type=int, default=0, help="score samples every N steps (default: steps / 2; "
-                   "on one H100 an evaluation of the gpu preset takes ~10 s)")
+                   "on one H100 an evaluation of the gpu preset takes ~15 s)")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: the preset's")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
     p.add_argument("--goal", type=float, default=0.95, help="pass rate to reach (the check fails below it)")

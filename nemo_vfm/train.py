@@ -122,18 +122,13 @@ def _sample_fn(data, sampling, fps):
     def fn(module, stem):
         import json
 
-        import torch
-
         from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
         from nemo_vfm.inference.generate import generate_videos, write_videos
 
         tokenizer, text_encoder = data.build_encoders()
         prompts = data.captions[: sampling.num_samples]
-        # bf16 on a GPU, as `vfm generate` samples there (fp32 previews took ~2x the training time between them)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=module.device.type == "cuda"):
-            videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
-                                        data.latent_shape, sampling, device=module.device, fps=fps)
-        videos = videos.float()
+        videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
+                                    data.latent_shape, sampling, device=module.device, fps=fps)
         upscale = max(1, 128 // max(videos.shape[-2:]))
         files = write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
         if not prompts or not all(is_shapes_caption(p) for p in prompts):

@@ -151,3 +151,45 @@ def test_plain_safetensors_without_config_is_refused_with_a_fix(tmp_path):
         read_checkpoint_info(tmp_path / "w.safetensors")
     with pytest.raises(FileNotFoundError, match="no step=N.ckpt"):
         read_checkpoint_info(tmp_path)
+
+
+
+PROMPTS, LATENT, SAMPLING = ["a red square", "a blue circle"], (12, 2, 4, 4), SamplingConfig(num_steps=4, guidance=1.0, seed=5)
+
+
+def _videos(net, device):
+    """generate_videos on ``device`` and the dtypes the network returned."""
+    from nemo_vfm.inference.generate import generate_videos
+    from nemo_vfm.tokenizers.hash_text import HashTextEncoder
+    from nemo_vfm.tokenizers.identity import IdentityTokenizer
+
+    dtypes = []
+    hook = net.register_forward_hook(lambda m, args, out: dtypes.append(out.dtype))
+    try:
+        videos, _ = generate_videos(net.to(device), EDM(), IdentityTokenizer(2), HashTextEncoder(dim=8, max_length=4),
+                                    PROMPTS, LATENT, SAMPLING, device=device)
+    finally:
+        hook.remove()
+    return videos, set(dtypes)
+
+
+def test_generate_videos_on_cpu_runs_the_network_in_fp32():
+    videos, dtypes = _videos(_net(in_channels=12), "cpu")
+    assert dtypes == {torch.float32} and videos.dtype == torch.float32 and videos.shape == (2, 3, 2, 8, 8)
+
+
+@pytest.mark.gpu
+def test_generate_videos_on_gpu_runs_the_network_in_bf16_and_stays_close_to_fp32():
+    from nemo_vfm.inference.generate import text_conditions
+    from nemo_vfm.tokenizers.hash_text import HashTextEncoder
+    from nemo_vfm.tokenizers.identity import IdentityTokenizer
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    net = _net(in_channels=12).cuda()
+    cond, uncond = text_conditions(HashTextEncoder(dim=8, max_length=4), PROMPTS, "cuda")
+    ref = IdentityTokenizer(2).decode(generate_latents(net, EDM(), LATENT, cond, uncond, SAMPLING, "cuda"))
+    videos, dtypes = _videos(net, "cuda")  # the same noise (same device and seed), the network under autocast
+    assert dtypes == {torch.bfloat16} and videos.dtype == torch.float32
+    ref = ref.clamp(-1, 1).cpu()
+    assert ((videos - ref).norm() / ref.norm()).item() < 0.05
