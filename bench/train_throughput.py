@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
 
 PRECISIONS = ("fp32", "amp", "bf16")
-SDPA = ("auto", "cudnn", "flash", "efficient", "math")
+SDPA = ("auto", "cudnn", "flash", "efficient", "math", "fa4")
 OPTIMIZERS = ("adamw", "none")
 SUITES = ("xl", "7b", "packed", "xl-fp8", "7b-fp8")
 
@@ -150,16 +150,11 @@ def make_inputs(s: BenchSettings, cfg, device) -> tuple[dict, list[int], list[in
 
 
 def set_sdpa_backend(name: str) -> None:
-    """Global SDPA backend flags (read when a graph is traced, so set them before compiling).
-    ``cudnn`` keeps the memory-efficient kernel as the fallback for masked (cross-)attention."""
-    b = torch.backends.cuda
-    flags = {"auto": (True, True, True, True), "cudnn": (False, True, False, True),
-             "flash": (True, True, False, False), "efficient": (False, True, False, False),
-             "math": (False, False, True, False)}[name]
-    b.enable_flash_sdp(flags[0])
-    b.enable_mem_efficient_sdp(flags[1])
-    b.enable_math_sdp(flags[2])
-    b.enable_cudnn_sdp(flags[3])
+    """Global SDPA backend flags (read when a graph is traced, so set them before compiling): the library's
+    ``select_sdpa_backend``, except that ``auto`` here leaves every kernel enabled (PyTorch's own choice)."""
+    from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
+
+    select_sdpa_backend("default" if name == "auto" else name)
 
 
 class MasterWeights:
