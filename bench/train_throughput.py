@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
 
 PRECISIONS = ("fp32", "amp", "bf16")
-SDPA = ("auto", "cudnn", "flash", "efficient", "math", "fa4")
+SDPA = ("auto", "cudnn", "flash", "efficient", "math")
 OPTIMIZERS = ("adamw", "none")
 SUITES = ("xl", "7b", "packed", "xl-fp8", "7b-fp8")
 

@@ -143,7 +143,6 @@ def full_cases(a, cfg, device) -> dict:
 def infer_cases(a, cfg, device) -> dict:
     """One CFG denoising step: {"ours": step, "diffusers": step}."""
     from nemo_vfm.inference.cp_engine import InferenceEngine
-    from nemo_vfm.inference.distributed import InferenceLayout
     from nemo_vfm.inference.sampling import guided_predictor, predictor
     from nemo_vfm.models.wan.flavors import wan_objective
 
@@ -154,9 +153,8 @@ def infer_cases(a, cfg, device) -> dict:
     guidance = 5.0
 
     def ours():
-        layout = InferenceLayout(attention_backend=a.sdpa_ours or a.sdpa)  # = vfm generate --attention
-        engine = InferenceEngine.from_model(_ours(cfg, device, dtype), objective, layout, device=device,
-                                            dtype=a.precision, compile=a.compile)  # = vfm generate --compile
+        engine = InferenceEngine.from_model(_ours(cfg, device, dtype), objective, device=device, dtype=a.precision,
+                                            compile=a.compile)  # = vfm generate --compile
         cond = {"context": inp["context"]}
         uncond = {"context": inp["negative"]}
         g = guided_predictor(predictor(objective, engine.net, dtype), cond, uncond, guidance)
@@ -264,8 +262,6 @@ def run(a, device) -> dict:
     cases = MODES[a.mode](a, cfg, device)
     out = {}
     for name in a.cases:
-        if device.type == "cuda":  # process-wide flags, read when a graph is traced: set before building a case
-            set_sdpa_backend(a.sdpa_ours if name == "ours" and a.sdpa_ours else a.sdpa)
         step = cases[name]()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -305,8 +301,7 @@ def parse_args(argv=None):
                                               "RECIPE_AC)")
     p.add_argument("--profile", action="store_true", help="also record the top CUDA kernels of 2 steps per case")
     p.add_argument("--ac-every", type=int, default=2)
-    p.add_argument("--sdpa", default="cudnn", help="SDPA backend for both (auto, cudnn, flash, efficient, math, fa4)")
-    p.add_argument("--sdpa-ours", default=None, help="SDPA backend for ours only (e.g. fa4; default: --sdpa)")
+    p.add_argument("--sdpa", default="cudnn", help="SDPA backend for both (auto, cudnn, flash, efficient, math)")
     p.add_argument("--cases", default="ours,diffusers", help="which to run (comma list)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -326,6 +321,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     a = parse_args(argv)
     device = torch.device(a.device)
+    if device.type == "cuda":
+        set_sdpa_backend(a.sdpa)
     cfg = wan_config(a.tiny, a.model)
     tokens = 1
     for n, pt in zip(a.latent, cfg.patch_size):
@@ -333,7 +330,7 @@ def main(argv=None) -> int:
     result = {**environment(device, a.commit), "mode": a.mode, "model": "tiny" if a.tiny else a.model,
               "latent": list(a.latent), "tokens": tokens, "batch": a.batch, "precision": a.precision,
               "compile": a.compile, "ac": a.ac if a.mode != "infer" else None, "sdpa": a.sdpa,
-              "sdpa_ours": a.sdpa_ours or a.sdpa, "results": run(a, device)}
+              "results": run(a, device)}
     if a.mode == "lora":
         result.update(lora_rank=a.lora_rank, lora_alpha=a.lora_alpha,
                       trainable_params=getattr(a, "trainable_params", None),

@@ -42,9 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (with sequence parallel)")
     p.add_argument("--cfg-parallel", action="store_true", help="conditional and unconditional passes on two rank groups")
     p.add_argument("--cp-kind", default="auto", choices=("auto", "ring", "a2a"), help="auto: a2a when heads allow")
-    p.add_argument("--attention", default="auto", choices=("auto", "cudnn", "flash", "fa4"),
-                   help="attention kernel on CUDA (auto: cuDNN; fa4: FlashAttention-4, needs the flash-attn-4 package "
-                        "and an H100/H200 or B200)")
     p.add_argument("--decode-tile", type=int, default=0, help="decode in tiles of this many pixels, dealt to all "
                                                               "ranks (0: the tokenizer as configured)")
     p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
@@ -159,7 +156,7 @@ def _run(args) -> int:
     started = dist.is_initialized()
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     layout = InferenceLayout.for_world(world_env, cp=args.cp, tp=args.tp, cfg_parallel=args.cfg_parallel,
-                                       cp_kind=args.cp_kind, attention_backend=args.attention)
+                                       cp_kind=args.cp_kind)
     if layout.cfg_parallel and args.guidance == 1.0:
         raise ValueError("--cfg-parallel needs classifier-free guidance; set --guidance above 1 or drop --cfg-parallel")
     rank, world, device = init_distributed(args.device)

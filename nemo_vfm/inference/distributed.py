@@ -33,7 +33,7 @@ class InferenceLayout:
     tp: int = 1
     cfg_parallel: bool = False
     cp_kind: str = "auto"
-    attention_backend: str = "auto"  # the SDPA / ring block kernel: auto (cuDNN) | cudnn | flash | fa4 | math
+    attention_backend: str = "auto"  # ring attention's block kernel: auto | flash | cudnn | math
 
     def __post_init__(self):
         for name in ("cp", "tp"):

@@ -12,8 +12,7 @@ Shapes: q (B, H, Sq, D), k and v (B, H, Sk, D), out (B, H, Sq, D), lse (B, H, Sq
 mask bool broadcastable to (B, H, Sq, Sk), True = may attend.
 
 Backends: ``math`` (pure PyTorch, any device, supports masks), ``cpu_flash`` (ATen's CPU flash
-kernel), ``flash`` and ``cudnn`` (ATen's CUDA kernels; ``fa4`` is ``flash`` run by FlashAttention-4, which
-``nemo_vfm.parallel.sdpa_backend.select_sdpa_backend("fa4")`` activates). ``auto`` picks ``math`` when a mask is
+kernel), ``flash`` and ``cudnn`` (ATen's CUDA kernels). ``auto`` picks ``math`` when a mask is
 given, else ``flash`` (CUDA, fp16/bf16), ``cpu_flash`` (CPU, fp32/bf16) or ``math``.
 """
 
@@ -23,7 +22,7 @@ import math
 
 import torch
 
-BACKENDS = ("auto", "math", "cpu_flash", "flash", "cudnn", "fa4")
+BACKENDS = ("auto", "math", "cpu_flash", "flash", "cudnn")
 
 
 def resolve_backend(backend: str, q: torch.Tensor, mask: torch.Tensor | None) -> str:
@@ -31,8 +30,6 @@ def resolve_backend(backend: str, q: torch.Tensor, mask: torch.Tensor | None) ->
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {backend!r}.")
     if mask is not None:
         return "math"
-    if backend == "fa4":  # ATen's flash entry points, routed to FlashAttention-4 once activated
-        return "flash"
     if backend != "auto":
         return backend
     if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
