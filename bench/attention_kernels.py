@@ -14,7 +14,6 @@ backward), and the relative error of the output and of dq/dk/dv for one head aga
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_throughput import environment  # noqa: E402
+from train_throughput import environment, write_json  # noqa: E402
 
 # name: (B, H, S, D, backward?) -- the self-attention of each model at its benchmark size
 SHAPES = {
@@ -133,10 +132,8 @@ def main(argv=None) -> int:
             print(name, backend, results[name][backend], flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    text = json.dumps({**environment(device, a.commit), "results": results}, indent=1)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text)
+        write_json(a.out, environment(device, a.commit), results)
     return 0
 
 

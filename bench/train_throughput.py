@@ -433,7 +433,7 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, env: dict, results: list[dict]) -> None:
+def write_json(path: str, env: dict, results: list[dict] | dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({**env, "results": results}, indent=1, default=str))
 
