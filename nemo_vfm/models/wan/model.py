@@ -32,6 +32,7 @@ from torch import nn
 
 from nemo_vfm.models.common.attention import SDPACore
 from nemo_vfm.models.common.embeddings import RoPE3D, apply_rope_interleaved, sinusoidal_embedding, unpatchify
+from nemo_vfm.models.common.mlp import linear_gelu
 
 
 @dataclass(kw_only=True)
@@ -205,6 +206,17 @@ class WanCrossAttention(nn.Module):
         return self.o(out.transpose(1, 2).flatten(2))
 
 
+class WanFFN(nn.Sequential):
+    """Wan's ``ffn``: ``Linear -> GELU(tanh) -> Linear`` under its original names (``ffn.0``, ``ffn.2``); the first
+    linear and the GELU run as one GEMM when sampling on a GPU (:func:`~nemo_vfm.models.common.mlp.linear_gelu`)."""
+
+    def __init__(self, dim: int, ffn_size: int):
+        super().__init__(nn.Linear(dim, ffn_size), nn.GELU(approximate="tanh"), nn.Linear(ffn_size, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[2](linear_gelu(self[0], x))
+
+
 class WanBlock(nn.Module):
     def __init__(self, cfg: WanConfig):
         super().__init__()
@@ -214,7 +226,7 @@ class WanBlock(nn.Module):
         self.norm3 = WanLayerNorm(d, eps=eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
         self.cross_attn = WanCrossAttention(d, cfg.num_heads, cfg.qk_norm, eps, image=cfg.is_i2v)
         self.norm2 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
-        self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_size), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_size, d))
+        self.ffn = WanFFN(d, cfg.ffn_size)
         self.modulation = nn.Parameter(torch.empty(1, 6, d))
 
     def forward(self, x_BSD: torch.Tensor, c: torch.Tensor, rope=None, context=None, image_context=None,
