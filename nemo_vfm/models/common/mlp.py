@@ -19,8 +19,8 @@ def _gelu_epilogue_applies(lin: nn.Module, x: torch.Tensor) -> bool:
 
 def linear_gelu(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(lin(x))``. When sampling on a GPU, one cuBLASLt GEMM with the GELU epilogue instead of a
-    GEMM and a pass over its output (Wan-1.3B CFG denoising step at 480p x 81 frames: 1,017 vs 1,032 ms on an
-    H100, docs/models_wan.md); the epilogue applies the GELU in fp32 before rounding."""
+    GEMM and a pass over its output (Wan-1.3B CFG denoising step at 480p x 81 frames on an H100: 1,019 vs
+    1,032 ms, docs/models_wan.md); the epilogue applies the GELU in fp32 before rounding."""
     if not _gelu_epilogue_applies(lin, x):
         return F.gelu(lin(x), approximate="tanh")
     w, b = lin.weight, lin.bias
