@@ -4,6 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONSTRAINTS := $(VENV)/constraints.txt
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: setup demo demo-data test lint bench-data clean
@@ -12,7 +13,9 @@ setup: $(STAMP)
 
 # Torch goes first and is pinned through a constraints file, so that no later install pulls a CUDA build
 # onto a CPU machine. Where `nvidia-smi` sees a GPU, the default (CUDA) build is installed instead.
-$(STAMP): pyproject.toml setup.py
+# The demo needs the package alone; the test suite adds the extras (pretrained models, curation, Kubernetes,
+# FP8, dev tools), so a first `make demo` does not wait for what it does not use.
+$(BASE_STAMP): pyproject.toml setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -21,10 +24,14 @@ $(STAMP): pyproject.toml setup.py
 	  $(PIP) install -q torch==2.13.0; \
 	fi
 	$(VPY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(CONSTRAINTS)
+	$(PIP) install -q -c $(CONSTRAINTS) -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[dev,pretrained,curation,k8s,fp8]"
 	touch $(STAMP)
 
-demo: setup
+demo: $(BASE_STAMP)
 	$(VPY) launchers/demo.py --out demo_output
 
 # -p no:cacheprovider keeps a fresh clone clean; exit code 5 (no tests collected) is a failure.
