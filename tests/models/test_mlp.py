@@ -1,4 +1,5 @@
-"""Feed-forward layers: the GELU MLP's GEMM-epilogue path is taken only where it is exact to use."""
+"""Feed-forward layers: the GELU MLP's GEMM-epilogue path is taken only where it applies (CPU), and on a GPU
+(``gpu`` marker) it equals GEMM + GELU within bf16 rounding, also under autocast and inside compiled Wan blocks."""
 
 import pytest
 import torch
@@ -52,3 +53,53 @@ def test_wan_ffn_keeps_the_original_names():
     x = torch.randn(2, 3, 8)
     assert torch.equal(ffn(x), ffn[2](F.gelu(ffn[0](x), approximate="tanh")))
     assert torch.equal(linear_gelu(ffn[0], x), F.gelu(ffn[0](x), approximate="tanh"))
+
+
+# -- GPU (run through the device tool) ------------------------------------------------------------------
+def _need_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.gpu
+def test_epilogue_equals_gemm_then_gelu(epilogue_calls):
+    _need_cuda()
+    torch.manual_seed(0)
+    lin = nn.Linear(1536, 8960).cuda().bfloat16()
+    x = torch.randn(2, 4096, 1536, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = F.gelu(F.linear(x.float(), lin.weight.float(), lin.bias.float()), approximate="tanh")
+        out = linear_gelu(lin, x)
+    assert len(epilogue_calls) == 1 and out.shape == ref.shape and out.dtype == torch.bfloat16
+    assert _rel(out, ref) < 1e-2
+    lin32 = nn.Linear(1536, 8960).cuda()
+    lin32.load_state_dict({k: v.float() for k, v in lin.state_dict().items()})
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():  # fp32 layer, bf16 autocast
+        out = linear_gelu(lin32, x.float())
+    assert len(epilogue_calls) == 2 and out.dtype == torch.bfloat16 and _rel(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_compiled_wan_sampling_uses_the_epilogue(epilogue_calls):
+    _need_cuda()
+    from nemo_vfm.models.wan.flavors import wan_config
+    from nemo_vfm.parallel.compile import compile_blocks
+
+    torch.manual_seed(0)
+    model = wan_config("tiny").build(device="cuda").bfloat16().eval()
+    torch.nn.init.normal_(model.head.head.weight, std=0.02)  # Wan zero-initialises the output layer
+    x = torch.randn(2, model.cfg.in_channels, 2, 8, 8, device="cuda", dtype=torch.bfloat16)
+    t = torch.tensor([0.3, 0.8], device="cuda")
+    ctx = torch.randn(2, 7, model.cfg.context_dim, device="cuda", dtype=torch.bfloat16)
+    with torch.enable_grad():
+        ref = model(x, t, ctx).detach()  # autograd on: GEMM + GELU
+    assert not epilogue_calls
+    compile_blocks(model.blocks)
+    with torch.no_grad():
+        out = model(x, t, ctx)
+    assert epilogue_calls  # traced through the epilogue op
+    assert ref.abs().mean() > 0 and _rel(out, ref) < 2e-2
