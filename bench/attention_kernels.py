@@ -3,8 +3,8 @@
 Each backend is selected as training and ``vfm generate`` select it (``nemo_vfm.parallel.sdpa_backend``) and
 called through ``F.scaled_dot_product_attention`` on contiguous ``(B, H, S, D)`` bf16 tensors. Reported per
 shape and backend: forward and forward + backward milliseconds (median of CUDA-event timings after warm-up;
-the first call is timed apart), TFLOP/s (4 B H S^2 D forward, 2.5x that for the
-backward), and the relative error of the output and of dq/dk/dv for one head against fp32 math attention.
+the first call is timed apart), TFLOP/s (4 B H S^2 D forward, 2.5x that for the backward), and the relative
+error of the output and of dq/dk/dv for one head against fp32 math attention.
 
     python bench/attention_kernels.py --out bench/results/attention_kernels_h100.json
     python bench/attention_kernels.py --shapes wan_1_3b_infer --backends cudnn
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_throughput import environment, write_json  # noqa: E402
+from train_throughput import environment, time_steps, write_json  # noqa: E402
 
 # name: (B, H, S, D, backward?) -- the self-attention of each model at its benchmark size
 SHAPES = {
@@ -38,24 +38,11 @@ SHAPES = {
 }
 
 
-def _time(fn, warmup: int, iters: int, device: torch.device) -> float:
-    """Median milliseconds of ``fn`` (CUDA events on a GPU, the host clock on the CPU)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type != "cuda":
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _median_ms(fn, warmup: int, iters: int, device: torch.device) -> float:
+    """Median milliseconds of ``fn`` through the harness's timer; one element of the result is handed back (a
+    view: no extra kernel is timed)."""
+    times, _ = time_steps(lambda: fn()[0][0, 0, 0, 0], iters, warmup, device)
+    return 1e3 * statistics.median(times)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -77,14 +64,14 @@ def measure(backend: str, shape: tuple, warmup: int, iters: int, device: torch.d
 
     def fwd():
         with torch.no_grad():
-            return F.scaled_dot_product_attention(q, k, v)
+            return (F.scaled_dot_product_attention(q, k, v),)
 
     def fwd_bwd():
         out = F.scaled_dot_product_attention(q, k, v)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     t0 = time.perf_counter()
-    out = fwd()
+    (out,) = fwd()
     grads = fwd_bwd() if bwd else None
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -98,10 +85,10 @@ def measure(backend: str, shape: tuple, warmup: int, iters: int, device: torch.d
         res["grad_rel_err"] = max(_rel(a[:1, :1], r) for a, r in zip(grads, ref_grads))
     del out, grads, ref, q1, k1, v1
     flops = 4 * B * H * S * S * D
-    ms = _time(fwd, warmup, iters, device)
+    ms = _median_ms(fwd, warmup, iters, device)
     res.update(fwd_ms=ms, fwd_tflops=flops / ms / 1e9)
     if bwd:
-        ms = _time(fwd_bwd, warmup, iters, device)
+        ms = _median_ms(fwd_bwd, warmup, iters, device)
         res.update(fwd_bwd_ms=ms, fwd_bwd_tflops=3.5 * flops / ms / 1e9)
     return res
 

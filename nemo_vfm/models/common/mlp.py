@@ -11,16 +11,18 @@ def _gelu_epilogue_applies(lin: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``gelu(lin(x))`` may run as one cuBLASLt GEMM with the GELU epilogue: CUDA, no autograd (the
     epilogue keeps no pre-activation for a backward), and a plain hook-free ``nn.Linear`` with a bias and
     ordinary tensors (under tensor parallelism, FP8, LoRA or module hooks the layer runs as usual)."""
+    if not (x.is_cuda and not torch.is_grad_enabled() and type(lin) is nn.Linear and lin.bias is not None
+            and not lin._forward_hooks and not lin._forward_pre_hooks):
+        return False  # decided without importing anything: training and CPU steps end here
     from torch.distributed.tensor import DTensor
 
-    return (x.is_cuda and not torch.is_grad_enabled() and type(lin) is nn.Linear and lin.bias is not None
-            and not lin._forward_hooks and not lin._forward_pre_hooks and not isinstance(lin.weight, DTensor))
+    return not isinstance(lin.weight, DTensor)
 
 
 def linear_gelu(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(lin(x))``. When sampling on a GPU, one cuBLASLt GEMM with the GELU epilogue instead of a
-    GEMM and a pass over its output (Wan-1.3B CFG denoising step at 480p x 81 frames on an H100: 1,019 vs
-    1,032 ms, docs/models_wan.md); the epilogue applies the GELU in fp32 before rounding."""
+    GEMM and a pass over its output (Wan-1.3B CFG denoising step at 480p x 81 frames, one H100, one run:
+    1,017 vs 1,032 ms, docs/models_wan.md); the epilogue applies the GELU in fp32 before rounding."""
     if not _gelu_epilogue_applies(lin, x):
         return F.gelu(lin(x), approximate="tanh")
     w, b = lin.weight, lin.bias

@@ -207,8 +207,9 @@ class WanCrossAttention(nn.Module):
 
 
 class WanFFN(nn.Sequential):
-    """Wan's ``ffn``: ``Linear -> GELU(tanh) -> Linear`` under its original names (``ffn.0``, ``ffn.2``); the first
-    linear and the GELU run as one GEMM when sampling on a GPU (:func:`~nemo_vfm.models.common.mlp.linear_gelu`)."""
+    """Wan's ``ffn``: ``Linear -> GELU(tanh) -> Linear`` under its original names (``ffn.0``, ``ffn.2``; the
+    parameter-free ``ffn.1`` keeps the layout and is applied by :func:`~nemo_vfm.models.common.mlp.linear_gelu`,
+    which runs the first linear and the GELU as one GEMM when sampling on a GPU)."""
 
     def __init__(self, dim: int, ffn_size: int):
         super().__init__(nn.Linear(dim, ffn_size), nn.GELU(approximate="tanh"), nn.Linear(ffn_size, dim))
