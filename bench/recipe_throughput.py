@@ -149,6 +149,7 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
     import torch
     from nemo_run.config import get_type_namespace
     from torch.profiler import ProfilerActivity, profile
+    from train_throughput import is_annotation
 
     sys.path.insert(0, str(ROOT / "launchers"))
     import train as launcher  # launchers/train.py
@@ -203,7 +204,8 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
                 self.prof.__exit__(None, None, None)
                 events = self.prof.key_averages()
                 gpu = [(e.key, getattr(e, "self_device_time_total", 0) / 1e3 / steps, e.count // steps)
-                       for e in events if getattr(e, "self_device_time_total", 0) > 0]
+                       for e in events if getattr(e, "self_device_time_total", 0) > 0 and not is_annotation(e)
+                       and "cuda" in str(e.device_type).lower()]  # kernels only: an op lists its kernels' time too
                 cpu = [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in events]
                 gpu.sort(key=lambda r: -r[1])
                 cpu.sort(key=lambda r: -r[1])

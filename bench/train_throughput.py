@@ -298,7 +298,8 @@ def kernel_profile(step, device, top: int = 15) -> dict:
     rows = []
     for e in prof.key_averages():
         dev_us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-        if dev_us > 0 and e.device_type is not None and "cuda" in str(e.device_type).lower():
+        if (dev_us > 0 and e.device_type is not None and "cuda" in str(e.device_type).lower()
+                and not is_annotation(e)):
             rows.append((e.key, dev_us / 2e3, e.count // 2))
     rows.sort(key=lambda r: -r[1])
     total = sum(r[1] for r in rows) or 1.0
@@ -321,6 +322,12 @@ def kernel_profile(step, device, top: int = 15) -> dict:
     return {"device_ms_per_step": total, "split_ms": {k: round(v, 2) for k, v in sorted(split.items())},
             "top_kernels": [{"name": n[:120], "ms_per_step": round(ms, 3), "calls_per_step": c,
                              "share": round(ms / total, 4)} for n, ms, c in rows[:top]]}
+
+
+def is_annotation(event) -> bool:
+    """A profiler range (``Optimizer.step#AdamW.step``, ``record_function``) that torch also lists on the GPU
+    timeline: it spans kernels counted on their own, so adding it counts them twice."""
+    return bool(getattr(event, "is_user_annotation", False)) or "#" in event.key
 
 
 def run_case(s: BenchSettings, device: torch.device) -> dict:

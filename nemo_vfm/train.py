@@ -43,6 +43,7 @@ class TrainerConfig:
     nonfinite: str = "stop"  # NaN/Inf loss or gradients: "stop" the run, or "skip" the update (nemo_vfm.lightning.nonfinite)
     nonfinite_max_consecutive: int = 10  # with "skip": stop after this many bad steps in a row
     enable_progress_bar: bool = True
+    gc_every_n_steps: int | None = 100  # Python GC at these steps only (ScheduledGC); None: automatic GC
     callbacks: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -55,6 +56,9 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.precision must be one of {allowed}, got {self.precision!r}")
         if self.nonfinite not in ("stop", "skip"):
             raise ValueError(f"TrainerConfig.nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+        if self.gc_every_n_steps is not None and self.gc_every_n_steps < 1:
+            raise ValueError(f"TrainerConfig.gc_every_n_steps must be >= 1 or None (automatic GC), "
+                             f"got {self.gc_every_n_steps}")
         if self.nonfinite_max_consecutive < 1:
             raise ValueError(f"TrainerConfig.nonfinite_max_consecutive must be >= 1, got {self.nonfinite_max_consecutive}")
 
@@ -210,7 +214,8 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     from nemo_vfm.inference.generate import SamplingConfig
     from nemo_vfm.io.safe_load import safe_globals_for
     from nemo_vfm.lightning import checkpointing as ckpt_files
-    from nemo_vfm.lightning.callbacks import MetricsHistory, SampleVideos, StepProgressBar, ThroughputLogger
+    from nemo_vfm.lightning.callbacks import (MetricsHistory, SampleVideos, ScheduledGC, StepProgressBar,
+                                              ThroughputLogger)
     from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
     from nemo_vfm.lightning.nonfinite import NonFiniteGuard
 
@@ -270,6 +275,8 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         MetricsHistory(exp_dir, trainer_cfg.log_every_n_steps),
         *trainer_cfg.callbacks,
     ]
+    if trainer_cfg.gc_every_n_steps:
+        callbacks.append(ScheduledGC(trainer_cfg.gc_every_n_steps))
     if trainer_cfg.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
         callbacks.append(StepProgressBar(refresh_rate=trainer_cfg.log_every_n_steps))
     samples = None

@@ -47,3 +47,14 @@ def test_suites_and_validation():
         tt.BenchSettings(precision="fp8")
     with pytest.raises(ValueError, match="packed"):
         tt.BenchSettings(original=True, packed=((1, 1, 8, 8),))
+
+
+def test_profiler_ranges_are_not_counted_as_kernels():
+    from types import SimpleNamespace
+
+    is_annotation = tt.is_annotation
+    # torch lists Optimizer.step's range on the GPU timeline as well: adding it counted the step's kernels twice
+    assert is_annotation(SimpleNamespace(key="Optimizer.step#AdamW.step"))
+    assert is_annotation(SimpleNamespace(key="my_range", is_user_annotation=True))
+    assert not is_annotation(SimpleNamespace(key="nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN",
+                                             is_user_annotation=False))
