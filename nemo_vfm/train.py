@@ -214,8 +214,13 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     from nemo_vfm.inference.generate import SamplingConfig
     from nemo_vfm.io.safe_load import safe_globals_for
     from nemo_vfm.lightning import checkpointing as ckpt_files
-    from nemo_vfm.lightning.callbacks import (MetricsHistory, SampleVideos, ScheduledGC, StepProgressBar,
-                                              ThroughputLogger)
+    from nemo_vfm.lightning.callbacks import (
+        MetricsHistory,
+        SampleVideos,
+        ScheduledGC,
+        StepProgressBar,
+        ThroughputLogger,
+    )
     from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
     from nemo_vfm.lightning.nonfinite import NonFiniteGuard
 
