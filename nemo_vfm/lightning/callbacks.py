@@ -152,12 +152,15 @@ def _router_line(pl_module) -> str:
 class ScheduledGC(L.Callback):
     """Python's garbage collector at fixed steps instead of whenever allocations cross its threshold.
 
-    A full collection walks every tracked object (compiled graphs, Lightning's state: seconds of host time in
-    a large process); when it fires mid-step the GPU waits, and in a multi-GPU run every rank waits for the
-    slowest. Automatic collection is off while training; every ``every_n_steps`` steps a young-generation
-    collection runs on all ranks at the same step (what torchtitan does). Reference cycles in old generations
-    are then freed at the end of training (or on an exception), when collection is switched back on.
+    A collection walks the tracked objects of its generations (compiled graphs and Lightning's state make
+    many); when one fires mid-step the GPU waits, and in a multi-GPU run every rank waits for the slowest.
+    Automatic collection is off while training; every ``every_n_steps`` steps the young generations are
+    collected on all ranks at the same step (as torchtitan does), and every ``10 * every_n_steps`` steps all
+    of them, so that cycles promoted to the oldest generation do not pile up over a long run. Collection is
+    switched back on at the end of training or on an exception.
     """
+
+    FULL_EVERY = 10  # a full collection every this many scheduled ones
 
     def __init__(self, every_n_steps: int = 100):
         if every_n_steps < 1:
@@ -171,8 +174,9 @@ class ScheduledGC(L.Callback):
         gc.collect()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step % self.every == 0:
-            gc.collect(1)
+        step = trainer.global_step
+        if step % self.every == 0:
+            gc.collect(2 if step % (self.every * self.FULL_EVERY) == 0 else 1)
 
     def _restore(self):
         if self._was_enabled:

@@ -28,10 +28,11 @@ def _run(cb, steps, fail_at=None):
     cb.on_train_end(trainer, None)
 
 
-def test_scheduled_gc_collects_young_generations_at_fixed_steps(collections):
+def test_scheduled_gc_collects_at_fixed_steps(collections):
     gc.enable()
-    _run(ScheduledGC(every_n_steps=3), steps=7)
-    assert collections == [2, 1, 1]  # a full collection at the start, then steps 3 and 6
+    _run(ScheduledGC(every_n_steps=2), steps=21)
+    # a full collection at the start, the young generations at steps 2, 4, ..., 18, all of them at step 20
+    assert collections == [2] + [1] * 9 + [2]
     assert gc.isenabled()
 
 
