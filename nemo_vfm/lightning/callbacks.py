@@ -152,8 +152,8 @@ def _router_line(pl_module) -> str:
 class ScheduledGC(L.Callback):
     """Python's garbage collector at fixed steps instead of whenever allocations cross its threshold.
 
-    A collection walks the tracked objects of its generations (compiled graphs and Lightning's state make
-    many); when one fires mid-step the GPU waits, and in a multi-GPU run every rank waits for the slowest.
+    A collection walks the tracked objects of its generations; when one fires mid-step on one rank of a
+    multi-GPU run, the other ranks wait for it at the next collective.
     Automatic collection is off while training; every ``every_n_steps`` steps the young generations are
     collected on all ranks at the same step (as torchtitan does), and every ``10 * every_n_steps`` steps all
     of them, so that cycles promoted to the oldest generation do not pile up over a long run. Collection is
