@@ -266,9 +266,12 @@ def main(argv=None) -> int:
             p.error(f"--only {a.only!r} is not a case of the suite")
     env = environment(a.device, a.commit)
     results = []
-    if a.profile:
+    if a.profile:  # under torchrun every rank profiles its part; rank 0 reports
+        rank = int(os.environ.get("RANK", "0"))
         for case in cases:
             r = profile_recipe(case, device=a.device)
+            if rank:
+                continue
             results.append(r)
             print(f"\n{r['name']}: wall {r.get('wall_ms_per_step', 0):.1f} ms/step, GPU busy "
                   f"{r.get('gpu_busy_ms_per_step', 0):.1f} ms/step")

@@ -118,21 +118,25 @@ def validate(model, data) -> None:
                          "embeddings; set model.context_dim=None or use data with captions")
 
 
-def _sample_fn(data, sampling, fps):
-    """Preview sampler for SampleVideos: the first captions of the dataset, decoded by its tokenizer. When
-    the captions are synthetic-shapes captions, the videos are scored against them
-    (:mod:`nemo_vfm.evaluation.shapes`): the per-video table goes to ``stem.json``, the rates to the logs."""
+def _previews(data, sampling, fps):
+    """``(sample, write)`` for SampleVideos: the first captions of the dataset sampled with the module's network
+    and decoded by the data's tokenizer (every rank), then written (rank 0). When the captions are
+    synthetic-shapes captions, the videos are scored against them (:mod:`nemo_vfm.evaluation.shapes`): the
+    per-video table goes to ``stem.json``, the rates to the logs."""
+    from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
+    from nemo_vfm.inference.generate import generate_videos, write_videos
 
-    def fn(module, stem):
-        import json
-
-        from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
-        from nemo_vfm.inference.generate import generate_videos, write_videos
-
+    def sample(module):
         tokenizer, text_encoder = data.build_encoders()
-        prompts = data.captions[: sampling.num_samples]
+        prompts = data.captions[: sampling.num_samples]  # known once the data module is set up
         videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
                                     data.latent_shape, sampling, device=module.device, fps=fps)
+        return videos
+
+    def write(videos, stem):
+        import json
+
+        prompts = data.captions[: sampling.num_samples]
         upscale = max(1, 128 // max(videos.shape[-2:]))
         files = write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
         if not prompts or not all(is_shapes_caption(p) for p in prompts):
@@ -141,7 +145,7 @@ def _sample_fn(data, sampling, fps):
         Path(stem).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         return files + [Path(stem).with_suffix(".json")], metric_logs(report)
 
-    return fn
+    return sample, write
 
 
 class InitFrom(lightning.Callback):
@@ -193,6 +197,22 @@ def _write_class_samples(model, objective, data, init_from, sampling) -> None:
     del net
 
 
+def _devices(devices, rank: int):
+    """Processes per node: what the launcher started (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node),
+    else one. ``devices="auto"`` never spawns processes by itself on a multi-GPU host (Lightning would start one
+    per visible GPU); a one-device recipe (e.g. the CPU quickstart) under torchrun takes the launcher's count."""
+    import torch
+
+    launched = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    local_world = int(launched or 1)
+    if devices == "auto" or (devices == 1 and local_world > 1):
+        if not launched and rank == 0 and torch.cuda.device_count() > 1:
+            print(f"one process on 1 of the {torch.cuda.device_count()} visible GPUs; to use them all: torchrun "
+                  f"--nproc-per-node {torch.cuda.device_count()} launchers/train.py ...")
+        return local_world
+    return devices
+
+
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
           cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
@@ -212,6 +232,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.io import run_lock
     from nemo_vfm.io.safe_load import safe_globals_for
     from nemo_vfm.lightning import checkpointing as ckpt_files
     from nemo_vfm.lightning.callbacks import (
@@ -242,6 +263,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
     rank = int(os.environ.get("RANK", "0"))
+    lock = run_lock.acquire_run(exp_dir) if run_lock.is_global_zero() else None  # one run per folder
     resume = None
     if log.resume:  # every rank picks the same one (the checks only read); rank 0 moves unusable ones aside
         resume = ckpt_files.find_resume(ckpt_dir, allow_pickle=log.allow_pickle, move=rank == 0)
@@ -289,21 +311,32 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
                       "sample from the checkpoint with vfm generate", stacklevel=2)
     elif sampling.enabled and hasattr(data, "build_encoders"):
-        samples = SampleVideos(exp_dir, _sample_fn(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
+        samples = SampleVideos(exp_dir, *_previews(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
         callbacks.append(samples)
     if init_from is not None and resume is None:  # a new run of a later stage: the previous stage's weights
         callbacks.append(InitFrom(init_from))
     loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
-    devices = trainer_cfg.devices
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun / srun launchers
-    if devices == 1 and local_world > 1:  # a one-device recipe (e.g. the CPU quickstart) run under torchrun
-        devices = local_world
+    strategy = trainer_cfg.strategy
+    if isinstance(strategy, str) and resume is not None and resume.is_dir():
+        # a sharded folder (written under VFMParallelStrategy, e.g. by a torchrun TP2 run): Lightning's single-device
+        # and DDP strategies cannot read it, ours reads it into any layout
+        from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+        strategy = VFMParallelStrategy()
+        if rank == 0:
+            print(f"{resume.name} is a sharded checkpoint: this run uses VFMParallelStrategy instead of "
+                  f"strategy={trainer_cfg.strategy!r} to resume it")
+    devices = _devices(trainer_cfg.devices, rank)
     precision = trainer_cfg.precision
-    if precision == "bf16-mixed" and not torch.cuda.is_available():
-        precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs
+    if precision == "bf16-mixed" and not torch.cuda.is_available() and getattr(lora, "frozen_dtype", None) is None:
+        precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs (frozen bf16 weights need it)
+    if getattr(lora, "frozen_dtype", None) and "mixed" not in str(precision):
+        raise ValueError(f"lora.frozen_dtype={lora.frozen_dtype!r} keeps the frozen weights in half precision, which "
+                         f"runs under autocast only; set trainer.precision='bf16-mixed' (now {precision!r}) or "
+                         "lora.frozen_dtype=None")
     pl_trainer = L.Trainer(
         max_steps=trainer_cfg.max_steps, devices=devices, num_nodes=trainer_cfg.num_nodes,
-        accelerator=trainer_cfg.accelerator, precision=precision, strategy=trainer_cfg.strategy,
+        accelerator=trainer_cfg.accelerator, precision=precision, strategy=strategy,
         accumulate_grad_batches=trainer_cfg.accumulate_grad_batches, gradient_clip_val=trainer_cfg.gradient_clip_val,
         log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,
         plugins=[ckpt_files.AtomicCheckpointIO()], enable_progress_bar=trainer_cfg.enable_progress_bar,
@@ -319,7 +352,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     last = ckpt_dir / f"step={pl_trainer.global_step:08d}.ckpt"
     if not last.exists():
-        pl_trainer.save_checkpoint(last)
+        pl_trainer.save_checkpoint(last, weights_only=False)  # a full checkpoint: optimizer and loops too
         if rank == 0:
             ckpt_files.prune_checkpoints(ckpt_dir, trainer_cfg.keep_last_n_checkpoints)
     loss = pl_trainer.callback_metrics.get("train/loss")
@@ -330,4 +363,6 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     if rank == 0:
         print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items()
                                                if k not in ("samples", "sample_metrics")))
+    if lock is not None:  # after an error it is held until this process exits (or trains this folder again)
+        lock.release()
     return summary

@@ -2,8 +2,10 @@
 (the original class-conditional DiT-XL/2) and ``quickstart``.
 
 GPU recipes run the fastest step we measured on one 80 GB GPU by default (``VFMParallelStrategy``: blocks
-compiled on CUDA, fused q/k/v, cuDNN attention, fused AdamW, bf16 autocast; docs/benchmarks.md); with
-several GPUs the data-parallel ranks shard with FSDP2. Every ``trainer.strategy.*`` knob can be overridden.
+compiled on CUDA, fused q/k/v, cuDNN attention, fused AdamW, bf16 autocast; docs/benchmarks.md). With several
+GPUs, the models that fit one GPU (DiT-S to DiT-XL, DiT-XL/2) keep a full copy per GPU and all-reduce gradients
+(``parallel.with_ddp``: 300 ms/step per GPU for DiT-XL on 2 x H100 against 425-600 ms sharded with FSDP2,
+docs/benchmarks.md); the larger ones shard with FSDP2. Every ``trainer.strategy.*`` knob can be overridden.
 
 CLI (``launchers/train.py`` is ``run.cli.main(train)``)::
 
@@ -107,7 +109,7 @@ def pretrain_s() -> run.Partial:
     """DiT-S (12 layers, 384 hidden, 6 heads), batch 32 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_s --yes``
     Python: ``recipe = dit.pretrain_s(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
-    return _sized("s", "pretrain_s", batch_size=32)
+    return parallel.with_ddp(_sized("s", "pretrain_s", batch_size=32))
 
 
 @run.cli.factory(target=train)
@@ -115,7 +117,7 @@ def pretrain_b() -> run.Partial:
     """DiT-B (12 layers, 768 hidden, 12 heads), batch 16 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_b --yes``
     Python: ``recipe = dit.pretrain_b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
-    return _sized("b", "pretrain_b", batch_size=16)
+    return parallel.with_ddp(_sized("b", "pretrain_b", batch_size=16))
 
 
 @run.cli.factory(target=train)
@@ -123,14 +125,14 @@ def pretrain_l() -> run.Partial:
     """DiT-L (24 layers, 1024 hidden, 16 heads), batch 8 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_l --yes``
     Python: ``recipe = dit.pretrain_l(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
-    return _sized("l", "pretrain_l")
+    return parallel.with_ddp(_sized("l", "pretrain_l"))
 
 
 @run.cli.factory(target=train)
 def pretrain_xl() -> run.Partial:
     """DiT-XL (28 layers, 1152 hidden, 16 heads), batch 8 of 2,048 tokens per GPU. CLI: ``launchers/train.py --factory pretrain_xl --yes``
     Python: ``recipe = dit.pretrain_xl(); run.run(recipe, executor=run.LocalExecutor())``"""
-    return _sized("xl", "pretrain_xl")
+    return parallel.with_ddp(_sized("xl", "pretrain_xl"))
 
 
 @run.cli.factory(target=train)
@@ -185,7 +187,7 @@ def pretrain_xl2_256() -> run.Partial:
     recipe.trainer.gradient_clip_val = None
     recipe.optim.warmup_steps = 0
     recipe.log.name = "pretrain_xl2_256"
-    return recipe
+    return parallel.with_ddp(recipe)
 
 
 @run.cli.factory(target=train)

@@ -46,7 +46,7 @@ def run(args) -> int:
     try:
         return _run(args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"vfm evaluate: {e}", file=sys.stderr)
+        print(f"vfm evaluate: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output file (lora, safetensors) or folder (diffusers, original)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="cast floating weights (default: as saved)")
     p.add_argument("--no-ema", action="store_true", help="the raw weights instead of the EMA weights")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle a .ckpt that needs more than our config "
+                                                               "classes (runs any code the file holds; only for files "
+                                                               "you trust)")
 
 
 def run(args) -> int:
@@ -29,6 +32,6 @@ def run(args) -> int:
     from nemo_vfm.inference.export import export
 
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
-    out = export(args.ckpt, args.format, args.out, use_ema=not args.no_ema, dtype=dtype)
+    out = export(args.ckpt, args.format, args.out, use_ema=not args.no_ema, dtype=dtype, allow_pickle=args.trust_pickle)
     print(f"wrote {out}")
     return 0

@@ -110,7 +110,7 @@ def run(args) -> int:
         return _run(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         if os.environ.get("RANK", "0") == "0":  # every rank fails the same way; say it once
-            print(f"vfm generate: {e}", file=sys.stderr)
+            print(f"vfm generate: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -123,17 +123,21 @@ def _run(args) -> int:
     from nemo_vfm.inference.cp_engine import InferenceEngine
     from nemo_vfm.inference.distributed import InferenceLayout, check_model_layout, init_distributed
     from nemo_vfm.inference.generate import SamplingConfig, write_videos
-    from nemo_vfm.inference.sampling import check_sampler, default_sampler
-    from nemo_vfm.inference.sizes import latent_size
+    from nemo_vfm.inference.sampling import check_objective, check_sampler, default_sampler
+    from nemo_vfm.inference.sizes import check_memory, latent_size
 
     trust = getattr(args, "trust_pickle", False)
     if args.export_safetensors:
+        from nemo_vfm.inference.export import check_exportable
+
+        check_exportable(args.ckpt)
         out = export_safetensors(args.ckpt, args.export_safetensors, use_ema=not args.no_ema, allow_pickle=trust)
         print(f"wrote {out}")
         return 0
     check_args(args)
     prompts = _prompts(args)
     info = read_checkpoint_info(args.ckpt, allow_pickle=trust)
+    check_objective(info.objective, info.path)
     gen = info.generation
     if info.kind == "wan":
         from nemo_vfm.inference.wan import check_generation_parts
@@ -173,6 +177,10 @@ def _run(args) -> int:
         thw = latent_size(tokenizer, frames, height, width, info.model_config.patch_size, layout.token_split)
         check_model_layout(info.model_config, layout, thw)  # heads vs tp/cp, before loading weights
         dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+        check_memory((frames, height, width), thw, info.model_config.patch_size,
+                     getattr(info.model_config, "hidden_size", 0), min(args.batch_size, len(prompts)), device,
+                     dtype_bytes=4 if dtype == "fp32" else 2, token_split=layout.token_split,
+                     copies=2 if args.guidance != 1.0 and not layout.cfg_parallel else 1)
         engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
                                                  latent_thw=thw, tokenizer=tokenizer.to(device).eval(),
                                                  compile=default_compile(args, info, device))

@@ -10,7 +10,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# What a user can fix (a bad argument, a missing or refused file, a held lock, a stopped run): one line on stderr and
+# exit 2. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+OUR_ERRORS = (("nemo_vfm.io.run_lock", "RunLockedError"), ("nemo_vfm.lightning.checkpointing", "CheckpointWriteError"),
+              ("nemo_vfm.lightning.nonfinite", "NonFiniteError"))
+
+
+def user_errors() -> tuple[type, ...]:
+    """:data:`USER_ERRORS` plus our error classes whose modules are loaded (an unloaded one cannot have raised)."""
+    ours = (getattr(sys.modules.get(module), name, None) for module, name in OUR_ERRORS)
+    return USER_ERRORS + tuple(c for c in ours if isinstance(c, type))
+
 
 # name -> (module, one-line help). Add a subcommand by adding a module and a row here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -42,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     if rest and not getattr(module, "ACCEPTS_EXTRA", False):
         sub_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.extra = rest
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except user_errors() as e:  # evaluated only when something is raised
+        rank = f"[rank {os.environ.get('RANK')}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"vfm {name}: error: {rank}{e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -59,14 +59,18 @@ def run(args) -> int:
     import sys
 
     from nemo_vfm.data.prepare import prepare
+    from nemo_vfm.io.run_lock import RunLockedError
 
     try:
         cfg = parse(list(args.overrides) + list(args.extra))
     except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"vfm prepare: {e}", file=sys.stderr)
+        print(f"vfm prepare: error: {e}", file=sys.stderr)
         return 2
     try:
         res = prepare(cfg)
+    except RunLockedError as e:  # another vfm prepare writes this output: nothing was done
+        print(f"vfm prepare: error: {e}", file=sys.stderr)
+        return 2
     except (OSError, RuntimeError) as e:  # a full disk, a failed write, energon indexing: finished shards are kept
         print(f"vfm prepare: stopped: {e}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 
 from nemo_vfm.data.batch import PackedBatch
+from nemo_vfm.data.dataset_trust import check_dataset
 
 log = logging.getLogger(__name__)
 STATE_FORMAT = "nemo_vfm.energon/1"
@@ -127,13 +128,16 @@ class EnergonDataModule(pl.LightningDataModule):
         shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs.
         seed: shuffling seed (Energon ``seed_offset``).
         mesh / dp_dims: the device mesh and its data-parallel dims; default: the trainer strategy's mesh.
+        allow_dataset_code: load datasets whose yaml names code outside megatron.energon's and nemo_vfm's sample,
+            dataset and metadataset types (:mod:`nemo_vfm.data.dataset_trust`); only for datasets you trust.
     """
 
     def __init__(self, path: str | None = None, *, blend: list | None = None, micro_batch_size: int = 1, patch_size=(1, 2, 2),
                  max_seq_length: int | None = None, pad_to_multiple: int = 1, packing_buffer_size: int = 64,
                  num_workers: int = 0, shuffle_buffer_size: int | None = 64,
                  max_samples_per_sequence: int | None = None, seed: int = 0, mesh=None,
-                 dp_dims: tuple[str, ...] | None = None, log_every_n_batches: int = 100):
+                 dp_dims: tuple[str, ...] | None = None, log_every_n_batches: int = 100,
+                 allow_dataset_code: bool = False):
         super().__init__()
         if (path is None) == (blend is None):
             raise ValueError("EnergonDataModule needs exactly one of path= (a prepared folder or blend yaml) or "
@@ -155,6 +159,8 @@ class EnergonDataModule(pl.LightningDataModule):
         self.packing_buffer_size, self.num_workers = packing_buffer_size, num_workers
         self.shuffle_buffer_size, self.max_samples_per_sequence = shuffle_buffer_size, max_samples_per_sequence
         self.seed, self.mesh, self.dp_dims, self.log_every_n_batches = seed, mesh, dp_dims, log_every_n_batches
+        self.allow_dataset_code = allow_dataset_code
+        check_dataset(path, allow_code=allow_dataset_code)  # before anything reads it; again before Energon does
         from nemo_vfm.data.task_encoder import VideoTaskEncoder  # validates the packing arguments early
 
         self.task_encoder = VideoTaskEncoder(patch_size=self.patch_size, max_seq_length=max_seq_length,
@@ -244,6 +250,7 @@ class EnergonDataModule(pl.LightningDataModule):
 
         self.fit_layout(self._token_split())
         wc = self.worker_config()
+        check_dataset(self.path, allow_code=self.allow_dataset_code)
         ds = get_train_dataset(
             self.path, worker_config=wc, batch_size=self.micro_batch_size,
             packing_buffer_size=self.packing_buffer_size if self.max_seq_length else None,

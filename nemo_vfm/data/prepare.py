@@ -29,6 +29,7 @@ from nemo_vfm.data.schema import LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
 from nemo_vfm.data.sources import InputItem, iter_inputs
 from nemo_vfm.io.jsonl import write_atomic
+from nemo_vfm.io.run_lock import acquire
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +203,6 @@ def _barrier(world: int) -> None:
 
 def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None = None) -> PrepareResult:
     """Run the preparation for this rank; rank 0 indexes the output for Energon once all ranks are done."""
-    from tqdm import tqdm
-
     from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
 
     r, w = dist_rank_world()
@@ -211,9 +210,19 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(cfg.tokenizer, **cfg.tokenizer_kwargs).to(cfg.device).eval()
+    tokenizer = build_tokenizer(cfg.tokenizer, **cfg.tokenizer_kwargs).to(cfg.device).eval()  # a bad name: no folder
     text_encoder = build_text_encoder(cfg.text_encoder, **cfg.text_encoder_kwargs)
+    # two runs on one output would write the same rank's shards: one at a time (ranks of one run differ)
+    lock = acquire(out / STATE_DIR / f"rank{rank}.lock", f"output {out}",
+                   "wait for that vfm prepare to finish (the same command then resumes), or give another output=")
+    try:
+        return _prepare(cfg, out, rank, world_size, tokenizer, text_encoder)
+    finally:
+        lock.release()
+
+
+def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenizer, text_encoder) -> PrepareResult:
+    from tqdm import tqdm
 
     if rank == 0:  # what `vfm generate` / previews need to rebuild the encoders of this dataset
         (out / STATE_DIR).mkdir(parents=True, exist_ok=True)

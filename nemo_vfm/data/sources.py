@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import re
 import tarfile
 import tempfile
@@ -82,14 +83,21 @@ def _caption_from_json(d: dict) -> str | None:
 
 
 def _span_from_json(d: dict) -> tuple[float, float] | None:
+    """``(start_s, end_s)`` of a sidecar, None when it has none; ``ValueError`` for NaN/Inf, a negative start or
+    an end before the start."""
     span = d.get("clip_span") or d.get("span")
     if isinstance(span, dict) and "start_s" in span and "end_s" in span:
-        return float(span["start_s"]), float(span["end_s"])
-    if isinstance(span, (list, tuple)) and len(span) == 2:
-        return float(span[0]), float(span[1])
-    if "start_s" in d and "end_s" in d:
-        return float(d["start_s"]), float(d["end_s"])
-    return None
+        start, end = float(span["start_s"]), float(span["end_s"])
+    elif isinstance(span, (list, tuple)) and len(span) == 2:
+        start, end = float(span[0]), float(span[1])
+    elif "start_s" in d and "end_s" in d:
+        start, end = float(d["start_s"]), float(d["end_s"])
+    else:
+        return None
+    if not (math.isfinite(start) and math.isfinite(end) and 0 <= start <= end):
+        raise ValueError(f"span [{start}, {end}] is not a (start_s, end_s) in seconds with 0 <= start <= end; fix or "
+                         "drop it")
+    return start, end
 
 
 def _extra_from_json(d: dict) -> dict:

@@ -46,31 +46,33 @@ class CheckpointInfo:
     step: int
     _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
     lora: object = None  # the LoRAConfig of a LoRA run (its adapters are merged into the weights on loading)
+    allow_pickle: bool = field(default=False, repr=False)  # a DCP .metadata unpickled without the allow-list
 
 
-def _latest(folder: Path) -> Path | None:
+def _latest(folder: Path, allow_pickle: bool = False) -> Path | None:
     """The newest usable ``step=N.ckpt`` (file, or DCP folder) in ``folder``; newer unusable ones are warned about."""
     from nemo_vfm.io.checkpoint_files import latest_checkpoint
 
-    return latest_checkpoint(folder)
+    return latest_checkpoint(folder, allow_pickle=allow_pickle)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path:
     """A checkpoint file or folder, or the newest ``step=N.ckpt`` in an experiment (or ``checkpoints/``) folder."""
     path = Path(path)
     from nemo_vfm.io.checkpoint_files import checkpoint_step, verify_checkpoint
 
-    if path.is_dir() and checkpoint_step(path) is not None and (why := verify_checkpoint(path)):
+    sharded = path.is_dir() and checkpoint_step(path) is not None
+    if sharded and (why := verify_checkpoint(path, allow_pickle=allow_pickle)):
         raise ValueError(f"cannot use checkpoint {path}: {why}")  # a sharded step=N.ckpt/ folder, incomplete
     if path.is_dir() and not (path / ".metadata").exists():
-        found = _latest(path / "checkpoints") or _latest(path)
+        found = _latest(path / "checkpoints", allow_pickle) or _latest(path, allow_pickle)
         if found is None:
             raise FileNotFoundError(f"no step=N.ckpt checkpoint under {path}")
         path = found
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.suffix != ".safetensors":
-        why = verify_checkpoint(path)
+        why = verify_checkpoint(path, allow_pickle=allow_pickle)
         if why:
             raise ValueError(f"cannot use checkpoint {path}: {why}")
     return path
@@ -137,14 +139,16 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
         from nemo_vfm.inference.wan import wan_checkpoint_info
 
         return wan_checkpoint_info(path)
-    path = resolve_checkpoint(path)
+    path = resolve_checkpoint(path, allow_pickle)
     if path.is_dir():
         meta = path / "meta.pt"
         if not meta.exists():
             raise ValueError(f"{path} is a distributed checkpoint without Lightning's meta.pt (no model config); "
                              "generate from a checkpoint written by nemo_vfm.train")
         ckpt = safe_load(meta, allow_pickle=allow_pickle)
-        return _from_hparams(path, "dcp", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)))
+        info = _from_hparams(path, "dcp", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)))
+        info.allow_pickle = allow_pickle
+        return info
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
@@ -167,10 +171,17 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
                          ckpt["state_dict"])
 
 
-def _dcp_keys(path: Path) -> set[str]:
-    from torch.distributed.checkpoint import FileSystemReader
+def _dcp_metadata(info: CheckpointInfo) -> dict:
+    """``{key: TensorStorageMetadata | BytesStorageMetadata}`` of a DCP checkpoint, read with the allow-list."""
+    from nemo_vfm.io.dcp_metadata import safe_read_metadata
 
-    return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    return safe_read_metadata(info.path / ".metadata", allow_pickle=info.allow_pickle).state_dict_metadata
+
+
+def _dcp_reader(info: CheckpointInfo):
+    from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
+
+    return SafeFileSystemReader(info.path, allow_pickle=info.allow_pickle)
 
 
 def _prefix(keys, use_ema: bool, root: str = "") -> str:
@@ -200,15 +211,18 @@ def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torc
         from safetensors.torch import load_file
 
         return load_file(str(info.path))
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
+    if info.kind == "wan":  # a published folder: its safetensors shards, under our names
+        from nemo_vfm.models.wan.convert import load_pretrained
 
-    md = FileSystemReader(str(info.path)).read_metadata().state_dict_metadata
+        return dict(load_pretrained(info.path, config=info.model_config).state_dict())
+    import torch.distributed.checkpoint as dcp
+
+    md = _dcp_metadata(info)
     p = _prefix(md, use_ema, "state_dict.")
     state = {k[len(p):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
              if k.startswith(p) and hasattr(m, "size")}
     dcp.load({"state_dict": {p[len("state_dict."):] + k: v for k, v in state.items()}},
-             checkpoint_id=str(info.path), no_dist=True)
+             storage_reader=_dcp_reader(info), no_dist=True)
     return state
 
 
@@ -288,13 +302,13 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        keys = _dcp_keys(info.path)
+        keys = set(_dcp_metadata(info))
         p = _prefix(keys, use_ema, "state_dict.")
         missing = sorted(k for k in own if p + k not in keys)
         if missing:
             raise ValueError(f"{info.path} lacks {len(missing)} weight(s) of this model, e.g. {missing[:3]}")
         dcp.load({"state_dict": {p[len("state_dict."):] + k: v for k, v in own.items()}},
-                 checkpoint_id=str(info.path), no_dist=not dist.is_initialized())
+                 storage_reader=_dcp_reader(info), no_dist=not dist.is_initialized())
         return
     if info.kind == "safetensors":
         from safetensors import safe_open

@@ -55,9 +55,10 @@ def lora_export_state(state: dict[str, torch.Tensor], scale: float, convert=None
     return out
 
 
-def export_lora(path: str | Path, out_file: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None) -> Path:
+def export_lora(path: str | Path, out_file: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None,
+                allow_pickle: bool = False) -> Path:
     """Write the LoRA adapters of a LoRA run (any checkpoint kind) as one safetensors file."""
-    info = read_checkpoint_info(path)
+    info = read_checkpoint_info(path, allow_pickle)
     if info.lora is None:
         raise ValueError(f"{info.path} is not a LoRA run (no LoRA config in the checkpoint); export the whole model "
                          "with --format diffusers or safetensors")
@@ -72,10 +73,10 @@ def export_lora(path: str | Path, out_file: str | Path, use_ema: bool = True, dt
 
 
 def export_model(path: str | Path, out: str | Path, layout: str = "diffusers", use_ema: bool = True,
-                 dtype: torch.dtype | None = None) -> Path:
+                 dtype: torch.dtype | None = None, allow_pickle: bool = False) -> Path:
     """Write the whole network (LoRA merged) as a folder in a published layout of its family
     (``diffusers`` or ``original``; Wan through ``nemo_vfm.models.wan.convert.save_weights``)."""
-    info = read_checkpoint_info(path)
+    info = read_checkpoint_info(path, allow_pickle)
     convert = family_convert(info.model_config)
     if convert is None or not hasattr(convert, "save_weights"):
         raise ValueError(f"{type(info.model_config).__name__} has no published layout to export to; use --format "
@@ -91,13 +92,24 @@ def export_model(path: str | Path, out: str | Path, layout: str = "diffusers", u
     return convert.save_weights(state, out, cfg, layout=layout)
 
 
-def export(path: str | Path, fmt: str, out: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None) -> Path:
+def check_exportable(path: str | Path) -> None:
+    """Refuse a published Wan folder: it is not a training run (``ValueError`` saying how to use it instead)."""
+    from nemo_vfm.models.wan.convert import is_wan_folder
+
+    if Path(path).is_dir() and is_wan_folder(path):
+        raise ValueError(f"{path} is a published Wan folder, not a training run, so there is nothing to export; use it "
+                         f"as it is (vfm generate --ckpt {path}, or model.pretrained / init_from to fine-tune)")
+
+
+def export(path: str | Path, fmt: str, out: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None,
+           allow_pickle: bool = False) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {FORMATS}, got {fmt!r}")
+    check_exportable(path)
     if fmt == "lora":
-        return export_lora(path, out, use_ema, dtype)
+        return export_lora(path, out, use_ema, dtype, allow_pickle)
     if fmt == "safetensors":
         from nemo_vfm.inference.checkpoint import export_safetensors
 
-        return export_safetensors(path, out, use_ema, dtype)
-    return export_model(path, out, fmt, use_ema, dtype)
+        return export_safetensors(path, out, use_ema, dtype, allow_pickle)
+    return export_model(path, out, fmt, use_ema, dtype, allow_pickle)

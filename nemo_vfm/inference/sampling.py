@@ -32,12 +32,24 @@ def is_flow(objective) -> bool:
     return isinstance(objective, FlowMatching)
 
 
+def check_objective(objective, source=None) -> None:
+    """Raise ``ValueError`` unless ``objective`` is a diffusion objective (EDM-style or flow matching), e.g. when a
+    checkpoint's header names another of our config classes there."""
+    from nemo_vfm.diffusion.edm import EDM
+    from nemo_vfm.diffusion.flow_matching import FlowMatching
+
+    if not isinstance(objective, (EDM, FlowMatching)):
+        raise ValueError(f"{source or 'the checkpoint'} records a {type(objective).__name__} as its objective, which is "
+                         "not a diffusion objective (EDM or FlowMatching); re-export it from the training checkpoint")
+
+
 def default_sampler(objective) -> str:
     return "flow-euler" if is_flow(objective) else "heun"
 
 
 def check_sampler(objective, sampler: str) -> None:
     """Raise ``ValueError`` when ``sampler`` cannot sample ``objective`` (naming the ones that can)."""
+    check_objective(objective)
     allowed = FLOW_SAMPLERS if is_flow(objective) else EDM_SAMPLERS
     if sampler not in allowed:
         raise ValueError(f"sampler {sampler!r} does not fit a {type(objective).__name__} model; "

@@ -61,3 +61,41 @@ def latent_size(tokenizer, frames: int, height: int, width: int, patch_size, tok
     thw = tokenizer.latent_shape(frames, height, width)  # names sizes that fit the compression
     check_latent_size(thw, patch_size, token_split, tokenizer)
     return thw
+
+
+def free_memory(device) -> int | None:
+    """Bytes free on ``device`` (CUDA: the driver's count; CPU: ``MemAvailable``), the least over all ranks when
+    distributed (every rank takes the same decision); None when unknown."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:
+            with open("/proc/meminfo") as f:
+                free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError):
+            free = -1
+    if dist.is_initialized() and dist.get_world_size() > 1:  # every rank calls this: one all-reduce
+        t = torch.tensor([float(free if free >= 0 else 2**62)], dtype=torch.float64,
+                         device=device if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        free = int(t.item()) if t.item() < 2**62 else -1
+    return free if free >= 0 else None
+
+
+def check_memory(pixel_thw, latent_thw, patch_size, hidden_size: int, batch: int, device, dtype_bytes: int = 4,
+                 copies: int = 1, token_split: int = 1) -> None:
+    """Raise ``ValueError`` before anything is allocated when a lower bound of the memory that generation needs on
+    ``device`` exceeds what is free: the decoded float32 videos (``batch x 3 x T x H x W``), or the hidden states of
+    one transformer block (``batch x copies`` sequences, CFG counting twice, of this rank's tokens x ``hidden_size``)."""
+    T, H, W = pixel_thw
+    tokens = _tokens(latent_thw, patch_size)
+    need = max(batch * 3 * T * H * W * 4, batch * copies * -(-tokens // token_split) * hidden_size * dtype_bytes)
+    free = free_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"{batch} video(s) of {T}x{H}x{W} px ({tokens:,} video tokens each) need at least "
+                         f"{need / 2**30:,.1f} GiB on {device}, but {free / 2**30:,.1f} GiB are free; lower --height / "
+                         f"--width / --frames or --batch-size")

@@ -8,8 +8,9 @@ renamed into place) or a ``step=N.ckpt/`` folder (DCP: shards, ``.metadata`` wri
   (e.g. a plain pickle) fails without reading its tensors;
 - file, ``deep=True`` (the one resumed from): every record's CRC-32 is checked (one read of the file) and
   the pickle may import only our config classes (:mod:`nemo_vfm.io.safe_load`);
-- folder: ``.metadata`` reads, every shard file it names exists and is long enough, ``meta.pt`` (when
-  present) is a complete archive (``deep``: with allowed imports only).
+- folder: ``.metadata`` reads with DCP's metadata classes only (:mod:`nemo_vfm.io.dcp_metadata`), every shard
+  file it names exists and is long enough, ``meta.pt`` (when present) is a complete archive (``deep``: with
+  allowed imports only).
 
 :func:`latest_checkpoint` returns the newest one that verifies (the others are reported through
 ``on_skip``); :func:`prune_checkpoints` keeps the newest ``keep`` usable ones whatever run wrote them, so
@@ -74,10 +75,13 @@ def _verify_file(p: Path, deep: bool, allow_pickle: bool) -> str | None:
 def _verify_dcp(p: Path, deep: bool, allow_pickle: bool) -> str | None:
     if not (p / ".metadata").is_file():
         return "it has no .metadata (the save did not finish)"
-    try:
-        from torch.distributed.checkpoint import FileSystemReader
+    from nemo_vfm.io.dcp_metadata import verify_metadata
+    from nemo_vfm.io.safe_load import UnsafeCheckpointError
 
-        md = FileSystemReader(str(p)).read_metadata()
+    try:
+        md = verify_metadata(p, allow_pickle=allow_pickle)  # an allow-list, never a plain pickle.load
+    except UnsafeCheckpointError as e:
+        return str(e)
     except Exception as e:  # a torn or foreign .metadata
         return f"its .metadata cannot be read ({type(e).__name__}: {e})"
     need: dict[str, int] = {}

@@ -193,8 +193,8 @@ class MetricsHistory(L.Callback):
     """Appends ``{"step", "loss", ...}`` per optimizer step to ``metrics.jsonl`` (rank 0) and plots the
     loss curve to ``loss_curve.png`` when training ends. Appending keeps the history across resumes.
 
-    The step's scalars stay on the device until a log step (``every_n_steps``) or the end of training,
-    then are read in one transfer, so that recording every step costs no host sync in the hot loop.
+    The step's scalars stay on the device until a log step (``every_n_steps``), a checkpoint save or the end of
+    training, then are read in one transfer, so that recording every step costs no host sync in the hot loop.
     """
 
     def __init__(self, exp_dir: str | Path, every_n_steps: int = 1):
@@ -239,6 +239,11 @@ class MetricsHistory(L.Callback):
                 row.update({k: host[i * len(names) + j] for j, k in enumerate(names) if k in metrics})
                 f.write(json.dumps(row) + "\n")
         self._rows = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        """A run killed after this checkpoint keeps its rows up to it (a resume appends from the next step)."""
+        if trainer.global_rank == 0:
+            self.flush(trainer)
 
     def on_train_end(self, trainer, pl_module):
         if trainer.global_rank == 0:
@@ -296,20 +301,23 @@ class SampleVideos(L.Callback):
     """Samples videos with the EMA network every ``every_n_steps`` (0: only at the end) and writes
     ``samples/step=N.mp4`` and ``.gif`` (a grid, one cell per prompt) plus the prompts as text.
 
-    ``sample_fn(module, stem)`` returns the files it wrote, or ``(files, metrics)``: scalar sample-quality
-    metrics (e.g. ``samples/pass_rate`` of :mod:`nemo_vfm.evaluation.shapes`), which go to the loggers
-    (TensorBoard) and to ``metrics.jsonl`` at this step, and to :attr:`metrics` (``{step: metrics}``)."""
+    ``sample(module)`` runs on every rank (a parallelised network's forward is collective: TP, CP and FSDP
+    ranks must all take part, or the others wait forever at their next collective) and returns the videos;
+    ``write(videos, stem)`` runs on rank 0 and returns the files it wrote, or ``(files, metrics)``: scalar
+    sample-quality metrics (e.g. ``samples/pass_rate`` of :mod:`nemo_vfm.evaluation.shapes`), which go to the
+    loggers (TensorBoard) and to ``metrics.jsonl`` at this step, and to :attr:`metrics` (``{step: metrics}``)."""
 
-    def __init__(self, exp_dir: str | Path, sample_fn, every_n_steps: int = 0):
-        self.dir, self.sample_fn, self.every = Path(exp_dir) / "samples", sample_fn, every_n_steps
+    def __init__(self, exp_dir: str | Path, sample, write, every_n_steps: int = 0):
+        self.dir, self.sample, self.write, self.every = Path(exp_dir) / "samples", sample, write, every_n_steps
         self.written: list[Path] = []
         self.metrics: dict[int, dict[str, float]] = {}
 
     def _write(self, trainer, pl_module):
+        videos = self.sample(pl_module)
         if trainer.global_rank != 0:
             return
         step = trainer.global_step
-        out = self.sample_fn(pl_module, self.dir / f"step={step:08d}")
+        out = self.write(videos, self.dir / f"step={step:08d}")
         files, metrics = out if isinstance(out, tuple) else (out, {})
         self.written.extend(files)
         if not metrics:

@@ -1,9 +1,11 @@
 """Checkpoints that survive crashes and full disks, and choosing the one to resume from (NeMo AutoResume-style).
 
 - Every checkpoint file is written to ``.step=N.ckpt.tmpPID`` in the same folder, flushed, then renamed into
-  place, so a process killed mid-write never leaves a truncated ``step=N.ckpt``; a write error (a full disk)
-  removes the temporary file and raises :class:`CheckpointWriteError` naming the previous checkpoint, which
-  is left intact. Temporary files of killed saves are removed when the next run starts.
+  place, so a process killed mid-write never leaves a truncated ``step=N.ckpt``; a write error (an ``OSError``,
+  or the ``RuntimeError`` torch.save's zip writer raises on a full disk: "[enforce fail at inline_container.cc]
+  unexpected pos ...") removes the temporary file and raises :class:`CheckpointWriteError` naming the folder's
+  free space and the previous checkpoint, which is left intact. Temporary files of killed saves are removed when
+  the next run starts.
 - :class:`RotatingCheckpoint` keeps the newest ``keep`` usable checkpoints in the folder after every save,
   whatever run wrote them (rotation holds across restarts).
 - :func:`prepare_resume` picks the newest checkpoint that verifies (:mod:`nemo_vfm.io.checkpoint_files`),
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -44,14 +47,47 @@ def _write(checkpoint: dict, f) -> None:  # a seam for fault-injection tests
     torch.save(checkpoint, f)
 
 
-def write_error(path: Path, e: OSError) -> CheckpointWriteError:
-    what = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else f"{e.strerror or e}"
+ZIP_WRITER = ("inline_container", "PytorchStreamWriter")  # torch.save's C++ zip writer: its errors are RuntimeErrors
+
+
+def write_failure(e: BaseException) -> BaseException | None:
+    """The ``OSError``, or zip-writer ``RuntimeError``, behind a failed save (for a DCP ``CheckpointException``:
+    the first among the ranks' failures); None when ``e`` is not a write failure."""
+    if isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(m in str(e) for m in ZIP_WRITER)):
+        return e
+    for failure in getattr(e, "failures", {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback summary)
+        if isinstance(exc, BaseException) and exc is not e and (found := write_failure(exc)) is not None:
+            return found
+    return None
+
+
+def _size(p: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+    except OSError:
+        return 0
+
+
+def write_error(path: Path, e: BaseException) -> CheckpointWriteError:
+    """The error to raise for a failed save of ``path`` (call it before removing the partial write, so that the
+    free space it reads is the space left at the failure)."""
     previous = latest_checkpoint(path.parent, on_skip=None)
+    try:
+        free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
+    except OSError:
+        free = None
+    code = getattr(e, "errno", None)
+    no_room = free is not None and free < max(_size(previous) if previous else 0, 2**20)  # no room for another one
+    full = code in (errno.ENOSPC, errno.EDQUOT) or (not isinstance(e, OSError) and no_room)
+    what = "the disk is full" if full else (e.strerror or str(e)) if isinstance(e, OSError) else "the write failed"
+    room = f", {free / 2**20:.1f} MiB free in {path.parent}" if free is not None else ""
     keep = (f"the previous checkpoint {previous} is intact and a re-run resumes from it" if previous
             else "no earlier checkpoint exists in this folder")
-    err = CheckpointWriteError(e.errno, f"could not write checkpoint {path}: {what} ({e}); {keep}; "
-                                        "free space (or fix the folder) and run the same command again")
-    return err
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointWriteError(code if isinstance(code, int) else errno.ENOSPC if full else errno.EIO,
+                                f"could not write checkpoint {path}: {what} ({first}{room}); {keep}; free space (or "
+                                "fix the folder) and run the same command again")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -65,12 +101,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except OSError as e:
+        except BaseException as e:
+            err = write_error(path, e) if write_failure(e) is e else None  # before the partial file is removed
             tmp.unlink(missing_ok=True)
-            raise write_error(path, e) from e
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            if err is None:
+                raise
+            raise err from e
 
 
 class RotatingCheckpoint(ModelCheckpoint):
@@ -89,23 +125,17 @@ class RotatingCheckpoint(ModelCheckpoint):
             super()._save_checkpoint(trainer, filepath)
         except CheckpointWriteError:
             raise
-        except (OSError, CheckpointException) as e:  # a sharded (DCP) save: the folder is incomplete, remove it
+        except (OSError, RuntimeError, CheckpointException) as e:  # a sharded (DCP) save: the folder is incomplete
+            cause = write_failure(e)
+            if cause is None and not isinstance(e, CheckpointException):
+                raise
             path = Path(filepath)
+            err = write_error(path, cause or e)  # before the incomplete folder is removed
             if trainer.is_global_zero and path.is_dir() and not (path / ".metadata").exists():
                 remove_checkpoint(path)
-            cause = e if isinstance(e, OSError) else _first_os_error(e) or OSError(errno.EIO, str(e).splitlines()[0])
-            raise write_error(path, cause) from e
+            raise err from e
         if trainer.is_global_zero:
             prune_checkpoints(self.dirpath, self.keep)
-
-
-def _first_os_error(e) -> OSError | None:
-    """The first ``OSError`` among the ranks' failures of a DCP ``CheckpointException``."""
-    for failure in getattr(e, "failures", {}).values():
-        exc = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback summary)
-        if isinstance(exc, OSError):
-            return exc
-    return None
 
 
 def move_aside(exp_dir: Path) -> Path | None:
@@ -148,9 +178,9 @@ def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object]:
     from nemo_vfm.io.safe_load import safe_load
 
     if path.is_dir():
-        from torch.distributed.checkpoint import FileSystemReader
+        from nemo_vfm.io.dcp_metadata import safe_read_metadata
 
-        md = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        md = safe_read_metadata(path / ".metadata", allow_pickle=allow_pickle).state_dict_metadata
         shapes = {k[len("state_dict."):]: tuple(m.size) for k, m in md.items()
                   if k.startswith("state_dict.model.") and hasattr(m, "size")}
         meta = safe_load(path / "meta.pt", allow_pickle=allow_pickle) if (path / "meta.pt").is_file() else {}

@@ -4,7 +4,11 @@
 naming the step, the last finite loss and the checkpoint to resume from. ``skip``: the update is dropped,
 counted (``train/nonfinite_steps``) and training goes on; ``max_consecutive`` such steps in a row stop it
 as above. Either way no checkpoint holding NaN/Inf weights or optimizer state is ever written: the live
-weights and optimizer state are checked before every save, which raises instead.
+weights and optimizer state are checked before every save, which raises instead. A run resumed from a
+checkpoint that holds NaN/Inf anyway (written by something else) stops before its first step. The
+checkpoint a stop message names is the newest whose weights are finite: those this run saved and the one it
+resumed from are known, older ones are read; newer ones holding NaN/Inf are moved aside (``*.nonfinite``,
+rank 0) so that the same command resumes from the one named.
 
 Cost per optimizer step: one multi-tensor norm of the local gradients (none where ``VFMParallelStrategy``
 clips by norm: its mesh-wide norm is the check), a few scalar kernels, and under
@@ -20,6 +24,7 @@ scaler already skips steps with Inf/NaN gradients; there only non-finite losses 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import lightning as L
@@ -57,6 +62,46 @@ def _any_nonfinite(tensors, device) -> torch.Tensor:
     return bad
 
 
+def _tensors(obj):
+    if torch.is_tensor(obj):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def checkpoint_finite(path: Path) -> bool | None:
+    """Whether the weights (EMA included) and optimizer state of a ``step=N.ckpt`` file or DCP folder are finite,
+    read one tensor at a time; None when it cannot be read (safely)."""
+    from nemo_vfm.io.safe_load import UnsafeCheckpointError
+
+    try:
+        if not Path(path).is_dir():
+            from nemo_vfm.io.safe_load import safe_load
+
+            ckpt = safe_load(path, mmap=True)
+            return all(bool(torch.isfinite(t).all()) for t in _tensors([ckpt.get("state_dict"),
+                                                                        ckpt.get("optimizer_states")])
+                       if t.is_floating_point())
+        import torch.distributed.checkpoint as dcp
+
+        from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
+
+        for key, m in SafeFileSystemReader(path).read_metadata().state_dict_metadata.items():
+            if key.startswith(("state_dict.", "optimizer_")) and hasattr(m, "size") and \
+                    m.properties.dtype.is_floating_point:
+                t = torch.empty(m.size, dtype=m.properties.dtype)
+                dcp.load({key: t}, storage_reader=SafeFileSystemReader(path), no_dist=True)
+                if not bool(torch.isfinite(t).all()):
+                    return False
+        return True
+    except (OSError, RuntimeError, ValueError, KeyError, UnsafeCheckpointError):
+        return None
+
+
 def _clip_flags_nonfinite(trainer) -> bool:
     """Whether this step's gradient clipping will mark a non-finite gradient norm in the optimizer's
     ``found_inf`` (``VFMParallelStrategy``'s norm clipping does)."""
@@ -82,6 +127,27 @@ class NonFiniteGuard(L.Callback):
         self._pending: tuple | None = None  # (skip flag, step, device, loss) of a step whose clipping checks grads
         self._reported = 0
         self.nonfinite_steps = 0  # as of the last check
+        self._finite_steps: set[int] = set()  # checkpoints known to hold finite weights: saved by this run, resumed
+
+    def _live_tensors(self, trainer, pl_module) -> list:
+        tensors = list(pl_module.parameters())
+        for opt in trainer.optimizers:
+            for st in opt.state.values():
+                tensors += [v for v in st.values() if torch.is_tensor(v)]
+        return tensors
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """Stop before the first step when the checkpoint resumed from holds NaN/Inf (it cannot train)."""
+        from nemo_vfm.io.checkpoint_files import checkpoint_step
+
+        if not trainer.ckpt_path:
+            return
+        bad = bool(_any_nonfinite(self._live_tensors(trainer, pl_module), pl_module.device))
+        if trainer.strategy.reduce_boolean_decision(bad, all=False):  # every rank calls it
+            raise NonFiniteError(f"cannot resume from {trainer.ckpt_path}: its weights or optimizer state hold "
+                                 f"NaN/Inf; {self._resume_hint(trainer)}")
+        if checkpoint_step(trainer.ckpt_path) is not None:
+            self._finite_steps.add(checkpoint_step(trainer.ckpt_path))
 
     # -- per step (device only) ---------------------------------------------------------------------------
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
@@ -184,27 +250,44 @@ class NonFiniteGuard(L.Callback):
     def _message(self, trainer, what: str, loss: float, loss_step: float, alt: str = "") -> str:
         last = f"the last finite loss was {loss:.6g} at step {int(loss_step)}" if math.isfinite(loss) and loss_step >= 0 \
             else "no step had a finite loss"
-        resume = None
-        if self.ckpt_dir is not None:
-            from nemo_vfm.io.checkpoint_files import latest_checkpoint
-
-            resume = latest_checkpoint(self.ckpt_dir, on_skip=None)
-        where = f"resume from {resume} (re-run the same command)" if resume else "no checkpoint was written yet"
         fix = "lower optim.lr or set trainer.gradient_clip_val" + (f", {alt}" if alt else "")
-        return f"training stopped: {what}; {last}; {where}; {fix}"
+        return f"training stopped: {what}; {last}; {self._resume_hint(trainer)}; {fix}"
+
+    def _resume_hint(self, trainer) -> str:
+        """Where to resume from: the newest usable checkpoint whose weights are finite (see the module docstring)."""
+        from nemo_vfm.io.checkpoint_files import checkpoint_step, list_checkpoints, verify_checkpoint
+
+        found, bad = None, []
+        for p in list_checkpoints(self.ckpt_dir) if self.ckpt_dir is not None else []:
+            if verify_checkpoint(p) is not None:
+                continue
+            finite = True if checkpoint_step(p) in self._finite_steps else checkpoint_finite(p)
+            if finite:
+                found = p
+                break
+            if finite is False:
+                bad.append(p)
+        for p in bad if trainer.is_global_zero else []:
+            try:
+                os.replace(p, p.with_name(p.name + ".nonfinite"))
+            except OSError:  # the stop message matters more than the move
+                pass
+        moved = f" (moved {', '.join(p.name for p in bad)} aside to *.nonfinite: NaN/Inf weights)" if bad else ""
+        if found is not None:
+            return f"resume from {found} (re-run the same command){moved}"
+        if bad:
+            return f"no checkpoint of this run holds finite weights{moved}; re-running the same command starts over"
+        return "no checkpoint was written yet"
 
     # -- saves --------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         self.check(trainer)
-        tensors = list(pl_module.parameters())
-        for opt in trainer.optimizers:
-            for st in opt.state.values():
-                tensors += [v for v in st.values() if torch.is_tensor(v)]
-        bad = bool(_any_nonfinite(tensors, pl_module.device))
+        bad = bool(_any_nonfinite(self._live_tensors(trainer, pl_module), pl_module.device))
         if trainer.strategy.reduce_boolean_decision(bad, all=False):
             raise NonFiniteError(self._message(trainer, f"refusing to write the checkpoint of step "
                                                         f"{trainer.global_step}: the weights or the optimizer state hold "
                                                         "NaN/Inf", *self._last_loss()))
+        self._finite_steps.add(trainer.global_step)
         checkpoint["nonfinite_steps"] = int(self._state[_TOTAL]) if self._state is not None else 0
 
     def _last_loss(self) -> tuple[float, float]:

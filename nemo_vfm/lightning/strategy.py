@@ -79,6 +79,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         pipeline_schedule: str = "1f1b",
         microbatches: int | None = None,
         fsdp: bool = True,
+        fsdp_reshard_after_forward: bool = True,
         data_parallel_replicate_size: int = 1,
         expert_model_parallel_size: int = 1,
         activation_checkpointing: str = "none",
@@ -125,6 +126,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
             activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
             compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
             attention_backend=attention_backend,
+            reshard_after_forward=fsdp_reshard_after_forward,  # False: ZeRO-2 (no second all-gather in backward)
             factorized_cp=factorized_context_parallel,  # ST-DiT: "hybrid" (all-to-all + ring) or "ring"
             float8=float8, float8_modules=float8_modules,  # FP8 linears in the blocks (torchao)
         )
@@ -336,14 +338,22 @@ class VFMParallelStrategy(ModelParallelStrategy):
         # (nemo_vfm.io.safe_load.safe_globals_for, which train() uses); False only by explicit opt-in
         weights_only = True if weights_only is None else weights_only
         path = Path(self.broadcast(checkpoint_path))
-        flat = _flat_optimizer_state(path)
+        if path.is_dir():  # DCP's .metadata is a pickle: read it with an allow-list before any loader does
+            from nemo_vfm.io.dcp_metadata import verify_metadata
+
+            verify_metadata(path, allow_pickle=not weights_only)
+        flat = _flat_optimizer_state(path, allow_pickle=not weights_only)
         if self.pipeline_parallel:
             return self._load_stages_checkpoint(path, flat, weights_only)
         if flat:
             raise ValueError(f"{path} was saved with pipeline parallelism (optimizer state flattened per parameter "
                              "name); resume it with pipeline_model_parallel_size > 1, or load its weights only "
                              "(nemo_vfm.inference.checkpoint).")
-        return super().load_checkpoint(path, weights_only=weights_only)
+        from nemo_vfm.lightning.resume import load_training_state
+
+        # not Lightning's loader: it refuses networks without DTensors (one process, or plain replicas)
+        return load_training_state(path, self.model, self.optimizers, strict=self.lightning_module.strict_loading,
+                                   weights_only=weights_only)
 
     # -- pipeline parallelism -----------------------------------------------------------------------
     def _check_pipeline_support(self, cfg) -> None:
@@ -454,6 +464,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         import torch.distributed.checkpoint as dcp
         from lightning.fabric.utilities.load import _METADATA_FILENAME
 
+        from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
         from nemo_vfm.parallel import checkpoint as ckpt
 
         if not (path / ".metadata").is_file():
@@ -470,21 +481,21 @@ class VFMParallelStrategy(ModelParallelStrategy):
         for i, opt in enumerate(self.optimizers):
             state[f"optimizer_{i}"], names = ckpt.flat_optimizer_state(self.model, opt)
             optim_names.append(names)
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_pickle=not weights_only))
         ckpt.set_model_states(self.model, state["state_dict"], model_names, strict=self.lightning_module.strict_loading)
         for i, opt in enumerate(self.optimizers):
             ckpt.set_flat_optimizer_state(self.model, opt, state[f"optimizer_{i}"], optim_names[i])
         return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
 
 
-def _flat_optimizer_state(path: Path) -> bool | None:
+def _flat_optimizer_state(path: Path, allow_pickle: bool = False) -> bool | None:
     """For a sharded checkpoint folder: whether its optimizer state is flattened (saved under PP); None
     for a file or a folder without optimizer state."""
     if not (path / ".metadata").is_file():
         return None
     from nemo_vfm.parallel.checkpoint import saved_flat_optimizer
 
-    return saved_flat_optimizer(path, "optimizer_0")
+    return saved_flat_optimizer(path, "optimizer_0", allow_pickle=allow_pickle)
 
 
 def _record_stream(obj, stream) -> None:

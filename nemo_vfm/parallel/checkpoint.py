@@ -129,14 +129,15 @@ def state_dict(model, optimizer=None, extra: dict | None = None) -> dict:
     return state
 
 
-def saved_flat_optimizer(path: str | os.PathLike, key: str = OPTIM_KEY) -> bool | None:
+def saved_flat_optimizer(path: str | os.PathLike, key: str = OPTIM_KEY, *, allow_pickle: bool = False) -> bool | None:
     """Whether the optimizer state under ``key`` in the checkpoint is flattened per parameter name (torch's
     nested format has a ``<key>.param_groups.<i>.params`` list per group); None if there is none."""
     import re
 
-    from torch.distributed.checkpoint import FileSystemReader
+    from nemo_vfm.io.dcp_metadata import safe_read_metadata
 
-    keys = [k for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata if k.startswith(key + ".")]
+    md = safe_read_metadata(Path(path) / ".metadata", allow_pickle=allow_pickle)
+    keys = [k for k in md.state_dict_metadata if k.startswith(key + ".")]
     if not keys:
         return None
     nested = re.compile(rf"{re.escape(key)}\.param_groups\.\d+\.params")
@@ -168,6 +169,8 @@ def load(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None =
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+    from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
+
     path = Path(path)
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"{path} is not a complete distributed checkpoint (no .metadata); pick another one.")
@@ -183,7 +186,7 @@ def load(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None =
         state[OPTIM_KEY], onames = flat_optimizer_state(root, optimizer)
     elif optimizer is not None:
         state[OPTIM_KEY] = get_optimizer_state_dict(mods[0], optimizer)
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, storage_reader=SafeFileSystemReader(path))
     set_model_states(root, state[MODEL_KEY], mnames, strict=strict)
     if saved_flat:
         set_flat_optimizer_state(root, optimizer, state[OPTIM_KEY], onames)
@@ -194,11 +197,12 @@ def load(path: str | os.PathLike, model, optimizer=None, *, extra: dict | None =
 def consolidated_state_dict(path: str | os.PathLike, prefix: str = MODEL_KEY + ".") -> dict[str, torch.Tensor]:
     """Read a DCP checkpoint in one process (no process group) into full tensors, keeping entries under
     ``prefix`` (stripped)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
 
+    from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
+
     sd: dict = {}
-    _load_state_dict(sd, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(sd, storage_reader=SafeFileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
 
     out = {}

@@ -1,5 +1,6 @@
-"""``trainer.strategy.<knob>=...`` on every factory (CLI and Python), the README's parallel examples, and a
-2-process gloo run of the quickstart with TP2 through ``torchrun launchers/train.py``."""
+"""``trainer.strategy.<knob>=...`` on every factory (CLI and Python), the README's parallel examples, 2-process
+gloo runs of the quickstart with TP2 and CP2 through ``torchrun launchers/train.py`` with its defaults, and one
+run resumed across process counts."""
 
 import os
 import re
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import catalogue
 import fiddle as fdl
+import pytest
 from nemo_run.config import get_type_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +18,7 @@ sys.path.insert(0, str(ROOT / "launchers"))
 
 import train as launcher  # noqa: E402  (launchers/train.py)
 
+from nemo_vfm.lightning.callbacks import read_metrics  # noqa: E402
 from nemo_vfm.lightning.strategy import VFMParallelStrategy  # noqa: E402
 from nemo_vfm.train import train  # noqa: E402
 
@@ -78,17 +81,35 @@ def test_readme_parallel_examples_run():
         assert rc == 0, line
 
 
-def test_quickstart_tp2_under_torchrun_gloo(tmp_path):
-    """The seed's usage: ``torchrun --nproc-per-node 2 launchers/train.py --factory quickstart
-    trainer.strategy.tensor_model_parallel_size=2`` trains (2 gloo processes, TP2 + SP-free)."""
+def _torchrun(nproc: int, *overrides: str) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        str(ROOT / "launchers" / "train.py"), "--factory", "quickstart", "--yes",
-                        "trainer.strategy.tensor_model_parallel_size=2", "trainer.max_steps=2",
-                        "trainer.log_every_n_steps=1", "model.num_layers=2", "model.hidden_size=64",
-                        "data.num_clips=8", "data.batch_size=2", "sampling.enabled=false", f"log.root={tmp_path}"],
-                       capture_output=True, text=True, timeout=600, env=env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
+    r = subprocess.run([*cmd, str(ROOT / "launchers" / "train.py"), "--factory", "quickstart", "--yes", *overrides],
+                       capture_output=True, text=True, timeout=300, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("knob", ["tensor_model_parallel_size", "context_parallel_size"])
+def test_quickstart_under_torchrun_with_defaults_finishes(tmp_path, knob):
+    """The README's command with its defaults (sampling previews on): every rank takes part in sampling through
+    the TP/CP network, so the run finishes (it used to hang with rank 0 sampling and rank 1 in a barrier)."""
+    out = _torchrun(2, f"trainer.strategy.{knob}=2", "trainer.max_steps=2", f"log.root={tmp_path}")
     assert "training finished" in out and "step=2" in out
-    assert (tmp_path / "quickstart" / "checkpoints" / "step=00000002.ckpt").exists()
+    run = tmp_path / "quickstart"
+    assert (run / "checkpoints" / "step=00000002.ckpt" / ".metadata").exists()
+    assert (run / "samples" / "step=00000002.gif").exists() and (run / "samples" / "step=00000002.json").exists()
+
+
+def test_resume_across_process_counts(tmp_path):
+    """1 process (a checkpoint file) -> 2 processes with TP2 (resumes it, writes a sharded folder) -> 1 process
+    again (resumes the folder): the checkpoint format does not tie a run to its process count."""
+    common = ["sampling.num_samples=2", "sampling.num_steps=2", f"log.root={tmp_path}", "trainer.log_every_n_steps=1"]
+    _torchrun(1, "trainer.max_steps=2", *common)
+    out = _torchrun(2, "trainer.strategy.tensor_model_parallel_size=2", "trainer.max_steps=4", *common)
+    assert "resuming from" in out and "step=00000002.ckpt" in out
+    out = _torchrun(1, "trainer.max_steps=5", *common)
+    assert "resuming from" in out and "step=00000004.ckpt is a sharded checkpoint" in out
+    steps = [r["step"] for r in read_metrics(tmp_path / "quickstart" / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5], steps

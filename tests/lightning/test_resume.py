@@ -100,3 +100,41 @@ def test_atomic_save_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
     assert latest_checkpoint(tmp_path).name == "step=00000002.ckpt"
     (tmp_path / ".step=00000006.ckpt.tmp123").write_bytes(b"partial")  # a stray temp file is ignored
     assert latest_checkpoint(tmp_path).name == "step=00000002.ckpt"
+
+
+def test_one_process_vfm_strategy_resumes_with_the_uninterrupted_losses(tmp_path):
+    """The GPU recipes' strategy in one process (nothing to shard, so no DTensors) resumes its sharded checkpoint:
+    4 steps in one go, and 2 steps then the same call with max_steps=4, give the same losses and weights."""
+    import torch.distributed as dist
+
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.inference.checkpoint import full_state_dict, read_checkpoint_info
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.models.dit.flavors import dit_config
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    def run(name, steps):
+        out = train(model=dit_config("tiny", in_channels=4, context_dim=8),
+                    data=MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=8,
+                                              context_length=4, batch_size=2, num_samples=16),
+                    trainer=TrainerConfig(max_steps=steps, checkpoint_every_n_steps=2, accelerator="cpu", devices=1,
+                                          precision="32-true", strategy=VFMParallelStrategy(), log_every_n_steps=1,
+                                          enable_progress_bar=False),
+                    optim=OptimConfig(lr=1e-3, warmup_steps=0), sampling=SamplingConfig(enabled=False),
+                    log=ExperimentConfig(name=name, root=str(tmp_path), tensorboard=False), ema_decay=0.9, seed=3)
+        dist.destroy_process_group()
+        return out
+
+    whole = run("whole", 4)
+    run("cut", 2)
+    cut = run("cut", 4)
+    assert Path(cut["checkpoint"]).is_dir()  # a sharded folder, even in one process
+    losses = {name: {r["step"]: r["loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl") if "loss" in r}
+              for name in ("whole", "cut")}
+    assert losses["cut"] == pytest.approx(losses["whole"], rel=1e-6) and sorted(losses["cut"]) == [1, 2, 3, 4]
+    for ema in (False, True):
+        want = full_state_dict(read_checkpoint_info(whole["checkpoint"]), use_ema=ema)
+        got = full_state_dict(read_checkpoint_info(cut["checkpoint"]), use_ema=ema)
+        assert all(torch.allclose(got[k], v, rtol=1e-6, atol=1e-8) for k, v in want.items())

@@ -139,7 +139,17 @@ def config_to_original(cfg: WanConfig) -> dict:
 
 
 def config_from_json(c: dict, **overrides) -> WanConfig:
-    """A :class:`WanConfig` from either layout's ``config.json``."""
+    """A :class:`WanConfig` from either layout's ``config.json``; ``ValueError`` naming a missing entry."""
+    try:
+        kw = _config_kwargs(c)
+    except KeyError as e:
+        layout = "diffusers WanTransformer3DModel" if "num_attention_heads" in c else "original Wan"
+        raise ValueError(f"this {layout} config.json lacks the entry {e.args[0]!r}; restore the config.json of the "
+                         "release these weights came from") from None
+    return WanConfig(**{**kw, **overrides})
+
+
+def _config_kwargs(c: dict) -> dict:
     if "num_attention_heads" in c:  # diffusers
         if c.get("pos_embed_seq_len") or c.get("qk_norm") not in ("rms_norm_across_heads", None):
             raise ValueError("this WanTransformer3DModel config is not Wan 2.1 T2V/I2V (pos_embed_seq_len or another "
@@ -162,7 +172,7 @@ def config_from_json(c: dict, **overrides) -> WanConfig:
     else:
         raise ValueError("config.json is neither a diffusers WanTransformer3DModel config nor an original Wan config "
                          "(no num_attention_heads or dim); point at a Wan transformer folder")
-    return WanConfig(**{**kw, **overrides})
+    return kw
 
 
 def config_from_state(shapes: dict[str, tuple[int, ...]], **overrides) -> WanConfig:
@@ -237,7 +247,10 @@ def read_config(path: str | Path, **overrides) -> WanConfig:
     d = transformer_dir(path)
     cfg_file = d / "config.json"
     if cfg_file.is_file() and not Path(path).is_file():
-        return config_from_json(json.loads(cfg_file.read_text()), **overrides)
+        try:
+            return config_from_json(json.loads(cfg_file.read_text()), **overrides)
+        except ValueError as e:  # a missing entry, or not JSON at all
+            raise ValueError(f"{cfg_file}: {e}") from None
     shapes = _keys_and_shapes(weight_files(path))
     if detect_layout(shapes) == "diffusers":
         shapes = {from_diffusers_name(k): v for k, v in shapes.items()}
