@@ -10,7 +10,6 @@ from pathlib import Path
 
 import catalogue
 import fiddle as fdl
-import pytest
 from nemo_run.config import get_type_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
