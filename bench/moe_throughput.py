@@ -77,9 +77,9 @@ def build_step(cfg, device, *, batch: int, latent, text_len: int, pmesh=None, se
     count = float(sum(p.numel() for p in net.parameters()))
     active = active_params(net, cfg)
     if pmesh is not None:
-        from nemo_vfm.models.plan import family_plan
+        from nemo_vfm.models.families import family_spec
 
-        family_plan(cfg).parallelize(net, pmesh, param_dtype="bf16", reduce_dtype="fp32")
+        family_spec(cfg).parallelize(net, pmesh, param_dtype="bf16", reduce_dtype="fp32")
     net.train()
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda" or None)

@@ -28,8 +28,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "parallel"))
 
-from nemo_vfm.parallel import equivalence as E  # noqa: E402
+import equivalence as E  # noqa: E402  (tests/parallel/equivalence.py)
+
 from nemo_vfm.parallel.dims import ParallelDims  # noqa: E402
 
 LAYOUTS = {

@@ -1,6 +1,6 @@
 """Train our causal video tokenizer: ``python launchers/train_tokenizer.py --factory NAME [--yes] [overrides...]``.
 
-NeMo-Run CLI over :func:`nemo_vfm.tokenizers.train.train_tokenizer` with the factories in
+NeMo-Run CLI over :func:`nemo_vfm.train_tokenizer.train_tokenizer` with the factories in
 ``recipes/tokenizer.py`` (``tokenizer_4x8x8``, ``tokenizer_8x8x8``, ``tokenizer_8x16x16``,
 ``tokenizer_tiny``). Unlike nemo-run's own CLI, errors exit non-zero. Add ``-v`` for full tracebacks.
 
@@ -13,7 +13,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     import nemo_vfm_recipes.tokenizer  # noqa: F401  (registers the factories)
-    from nemo_vfm.tokenizers.train import train_tokenizer
+    from nemo_vfm.train_tokenizer import train_tokenizer
     from nemo_vfm_recipes.cli import run_cli
 
     return run_cli(train_tokenizer, argv, "launchers/train_tokenizer.py")

@@ -1,4 +1,4 @@
-"""Recipes that train our causal video tokenizer (:func:`nemo_vfm.tokenizers.train.train_tokenizer`).
+"""Recipes that train our causal video tokenizer (:func:`nemo_vfm.train_tokenizer.train_tokenizer`).
 
 Python::
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import nemo_run as run
 
 from nemo_vfm.tokenizers.causal import CausalTokenizerConfig
-from nemo_vfm.tokenizers.train import TokenizerDataConfig, TokenizerLossConfig, train_tokenizer
+from nemo_vfm.train_tokenizer import TokenizerDataConfig, TokenizerLossConfig, train_tokenizer
 
 
 def tokenizer_recipe(temporal_compression: int, spatial_compression: int, patch_size: int = 1, width: int = 32,

@@ -19,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from nemo_vfm.inference.checkpoint_info import CheckpointInfo
 
 META_KEY = "nemo_vfm"  # safetensors header entry holding the JSON config
 
@@ -34,19 +36,6 @@ class LoadedModel:
     model_config: object
     generation: dict  # tokenizer / text-encoder specs, latent shape, fps (empty when unknown)
     step: int
-
-
-@dataclass
-class CheckpointInfo:
-    path: Path
-    kind: str  # file | dcp | safetensors
-    model_config: object
-    objective: object
-    generation: dict
-    step: int
-    _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
-    lora: object = None  # the LoRAConfig of a LoRA run (its adapters are merged into the weights on loading)
-    allow_pickle: bool = field(default=False, repr=False)  # a DCP .metadata unpickled without the allow-list
 
 
 def _latest(folder: Path, allow_pickle: bool = False) -> Path | None:
@@ -291,7 +280,7 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
     own = net.state_dict()
     net_lora = any(".lora_A." in k for k in own)
     if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
-        from nemo_vfm.models.wan.convert import load_weights as load_wan
+        from nemo_vfm.models.wan.weights import load_weights as load_wan
 
         load_wan(net, info.path)  # a LoRA network: its base weights (adapters kept)
         return

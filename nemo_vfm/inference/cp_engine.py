@@ -18,7 +18,6 @@ Legend: N prompts, C latent channels, (t, h, w) latent size.
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import torch
@@ -27,7 +26,7 @@ from nemo_vfm.inference.distributed import (
     InferenceLayout,
     build_inference_mesh,
     check_model_layout,
-    family_plan,
+    family_spec,
 )
 from nemo_vfm.inference.text_cache import cache_text_projections, clear_text_cache
 
@@ -52,11 +51,9 @@ def parallelize_for_inference(model: torch.nn.Module, layout: InferenceLayout, p
 
             compile_blocks(model.blocks)
         return model
-    plan = family_plan(model)
-    params = inspect.signature(plan.parallelize).parameters
-    kwargs = {k: v for k, v in dict(attention_backend=layout.attention_backend, param_dtype=None,
-                                    reduce_dtype=None, compile=compile).items() if k in params}
-    return plan.parallelize(model, pmesh, **kwargs)
+    spec = family_spec(model)
+    knobs = dict(attention_backend=layout.attention_backend, param_dtype=None, reduce_dtype=None, compile=compile)
+    return spec.parallelize(model, pmesh, **{k: v for k, v in knobs.items() if k in spec.knobs})
 
 
 def select_attention(layout: InferenceLayout, device: torch.device) -> None:
@@ -123,7 +120,8 @@ class InferenceEngine:
         """
         import torch.distributed as dist
 
-        from nemo_vfm.inference.checkpoint import CheckpointInfo, load_weights, read_checkpoint_info
+        from nemo_vfm.inference.checkpoint import load_weights, read_checkpoint_info
+        from nemo_vfm.inference.checkpoint_info import CheckpointInfo
 
         layout = layout or InferenceLayout()
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -91,11 +91,11 @@ class InferenceLayout:
         return ", ".join(parts)
 
 
-def family_plan(model_or_config):
-    """:func:`nemo_vfm.models.plan.family_plan`, for generation."""
-    from nemo_vfm.models.plan import family_plan as plan
+def family_spec(model_or_config):
+    """:func:`nemo_vfm.models.spec.family_spec`, for generation."""
+    from nemo_vfm.models.families import family_spec as spec
 
-    return plan(model_or_config, "generate with it in one process")
+    return spec(model_or_config, "generate with it in one process")
 
 
 def check_model_layout(model_config, layout: InferenceLayout, latent_thw: tuple[int, int, int] | None = None,
@@ -103,8 +103,7 @@ def check_model_layout(model_config, layout: InferenceLayout, latent_thw: tuple[
     """Raise ``ValueError`` (naming the numbers) when the model or the latent size does not divide along the
     layout: heads by TP (and CP for all-to-all), tokens by ``cp * tp`` where the family cannot pad them
     (ST-DiT; the DiT and MovieGen pad). Call before building anything."""
-    plan = family_plan(model_config)
-    plan.check_layout(model_config, layout.dims(model_config.num_heads), latent_thw)
+    family_spec(model_config).check_layout(model_config, layout.dims(model_config.num_heads), latent_thw)
 
 
 def init_distributed(device: str | None = None) -> tuple[int, int, torch.device]:

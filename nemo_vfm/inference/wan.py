@@ -29,8 +29,8 @@ WAN_FRAMES = 81
 
 
 def wan_checkpoint_info(path: str | Path):
-    """A :class:`~nemo_vfm.inference.checkpoint.CheckpointInfo` (kind ``"wan"``) for a Wan folder."""
-    from nemo_vfm.inference.checkpoint import CheckpointInfo
+    """A :class:`~nemo_vfm.inference.checkpoint_info.CheckpointInfo` (kind ``"wan"``) for a Wan folder."""
+    from nemo_vfm.inference.checkpoint_info import CheckpointInfo
     from nemo_vfm.models.wan.convert import read_config
     from nemo_vfm.models.wan.flavors import SAMPLING, flavor_of, wan_objective
 

@@ -54,11 +54,16 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from nemo_vfm.parallel.dims import ParallelDims
 
 
-def family_plan(model_or_config):
-    """:func:`nemo_vfm.models.plan.family_plan`, for training."""
-    from nemo_vfm.models.plan import family_plan as plan
+def family_spec(model_or_config):
+    """:func:`nemo_vfm.models.spec.family_spec`, for training."""
+    from nemo_vfm.models.families import family_spec as spec
 
-    return plan(model_or_config, "train it without VFMParallelStrategy")
+    return spec(model_or_config, "train it without VFMParallelStrategy")
+
+
+# strategy knob -> the keyword the families' parallelize functions take, where the two differ
+FAMILY_KEYWORDS = {"activation_checkpointing_every": "ac_every", "fsdp_reshard_after_forward": "reshard_after_forward",
+                   "factorized_context_parallel": "factorized_cp"}
 
 
 class VFMParallelStrategy(ModelParallelStrategy):
@@ -171,13 +176,15 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self.dims = ParallelDims(world_size=world, **self._dims_kwargs(world))
         cfg = getattr(self.lightning_module, "model_config", None)
         if cfg is not None and hasattr(cfg, "num_heads"):
-            check_layout = family_plan(cfg).check_layout
+            spec = family_spec(cfg)
+            self.family_knobs(spec)  # a knob this family does not read raises here, on every rank
             latent = None
             try:
                 latent = tuple(self.lightning_module.trainer.datamodule.latent_shape)[-3:]
             except (AttributeError, RuntimeError, TypeError):
                 pass
-            check_layout(cfg, self.dims, latent, **self._family_kwargs(check_layout))  # before the model is built
+            # before the model is built
+            spec.check_layout(cfg, self.dims, latent, **spec.layout_kwargs(self.parallelize_kwargs))
         if self.pipeline_parallel:
             self._check_pipeline_support(cfg)
         self._setup_distributed()
@@ -200,12 +207,15 @@ class VFMParallelStrategy(ModelParallelStrategy):
                 select_sdpa_backend(kw["attention_backend"])
 
     # -- model --------------------------------------------------------------------------------------
-    def _family_kwargs(self, fn) -> dict:
-        """The strategy's family-specific knobs that ``fn`` accepts (e.g. ``factorized_cp`` for ST-DiT)."""
+    def family_knobs(self, spec) -> dict:
+        """The knobs ``spec``'s family declares it reads (e.g. ``factorized_cp`` for ST-DiT); one it does not read,
+        set away from its default, raises naming it."""
         import inspect
 
-        params = inspect.signature(fn).parameters
-        return {k: v for k, v in self.parallelize_kwargs.items() if k in params}
+        params = inspect.signature(VFMParallelStrategy.__init__).parameters  # this class's own defaults
+        defaults = {FAMILY_KEYWORDS.get(n, n): p.default for n, p in params.items()}
+        names = {v: k for k, v in FAMILY_KEYWORDS.items()}
+        return spec.select_knobs(self.parallelize_kwargs, defaults, names)
 
     def setup(self, trainer) -> None:
         from nemo_vfm.parallel.pipeline import StageList
@@ -214,7 +224,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         net = getattr(module, "model", None)
         if net is None:
             raise TypeError("VFMParallelStrategy needs a LightningModule whose configure_model() sets `.model`.")
-        self.plan = family_plan(net[0] if isinstance(net, StageList) else net)
+        self.spec = family_spec(net[0] if isinstance(net, StageList) else net)
         if self.pipeline_parallel and not isinstance(net, StageList):
             self._build_stages(module)
         elif not self.pipeline_parallel and not getattr(net, "_vfm_parallelized", False):
@@ -227,7 +237,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
             from nemo_vfm.parallel.pipeline import PipelineRunner
 
             self.pipeline = PipelineRunner(list(module.model), self._stage_ids, self.parallel_mesh,
-                                           device=self.root_device, pp_duplicated=self.plan.PP_DUPLICATED)
+                                           device=self.root_device, pp_duplicated=self.spec.pp_duplicated)
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
         self._install_clipping()
 
@@ -239,10 +249,10 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
     def _parallelize(self, net, source=None) -> None:
         device = self.root_device
-        kwargs = self._family_kwargs(self.plan.parallelize)
+        kwargs = self.family_knobs(self.spec)
         if any(p.is_meta for p in net.parameters()) and self.streams_weights(getattr(net, "cfg", None)):
             # meta -> plan -> to_empty -> weights: no rank ever holds the whole network
-            self.plan.parallelize(net, self.parallel_mesh, **kwargs)
+            self.spec.parallelize(net, self.parallel_mesh, **kwargs)
             net.to_empty(device=device)
             self._load_streamed(net, source)
             net._vfm_parallelized = True
@@ -250,7 +260,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self._materialize(net, device)
         net.to(device)
         self._broadcast_weights(net)
-        self.plan.parallelize(net, self.parallel_mesh, **kwargs)
+        self.spec.parallelize(net, self.parallel_mesh, **kwargs)
         net._vfm_parallelized = True
 
     @torch.no_grad()
@@ -292,7 +302,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         from nemo_vfm.parallel.grads import clip_grad_norm_, total_grad_norm
         from nemo_vfm.parallel.pipeline import StageList
 
-        strategy, duplicated = self, self.plan.PP_DUPLICATED
+        strategy, duplicated = self, self.spec.pp_duplicated
 
         def clip_grad_by_norm(optimizer, clip_val):
             net = strategy.lightning_module.model
@@ -330,7 +340,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         if self.pipeline is not None:
             return self._pipeline_backward(closure_loss)
         out = super().backward(closure_loss, optimizer, *args, **kwargs)
-        sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.plan.TP_PARTIAL)
+        sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.spec.tp_partial)
         return out
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None):
@@ -359,7 +369,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
     def _check_pipeline_support(self, cfg) -> None:
         """What pipeline parallelism cannot run, refused before the model is built."""
         trainer = self.lightning_module.trainer
-        if cfg is not None and not hasattr(family_plan(cfg), "build_pipeline_stages"):
+        if cfg is not None and family_spec(cfg).build_pipeline_stages is None:
             raise NotImplementedError(f"{type(cfg).__name__} has no pipeline stages; set pipeline_model_parallel_size=1 "
                                       "and use TP/CP/FSDP.")
         if getattr(self.precision_plugin, "scaler", None) is not None:
@@ -386,14 +396,14 @@ class VFMParallelStrategy(ModelParallelStrategy):
         weights were broadcast; only the stages reach the device."""
         from nemo_vfm.parallel.pipeline import StageList
 
-        kwargs = self._family_kwargs(self.plan.parallelize)
+        kwargs = self.family_knobs(self.spec)
         for name in ("model", "ema"):
             net = getattr(module, name, None)
             if net is None:
                 continue
             self._materialize(net, torch.device("cpu"))
             self._broadcast_weights(net)
-            stages, self._stage_ids = self.plan.build_pipeline_stages(net, self.parallel_mesh, **kwargs)
+            stages, self._stage_ids = self.spec.build_pipeline_stages(net, self.parallel_mesh, **kwargs)
             setattr(module, name, StageList(stages))
 
     def pipeline_step(self, x: torch.Tensor, latent_thw: tuple[int, int, int], loss_fn, **cond):
@@ -420,9 +430,9 @@ class VFMParallelStrategy(ModelParallelStrategy):
 
             runner = self._runners[tuple(x.shape)] = PipelineRunner(
                 self.pipeline.stages, self._stage_ids, self.parallel_mesh, device=self.root_device,
-                pp_duplicated=self.plan.PP_DUPLICATED)
+                pp_duplicated=self.spec.pp_duplicated)
         for stage in runner.stages:
-            self.plan.set_stage_grid(stage, tuple(latent_thw))
+            self.spec.set_stage_grid(stage, tuple(latent_thw))
         return runner.step(x, loss_fn, **cond)
 
     def _pipeline_backward(self, closure_loss):
@@ -434,7 +444,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         closure_loss = self.precision_plugin.post_backward(closure_loss, self.lightning_module)
         self.pipeline.sync_duplicated_grads()
         for stage in self.pipeline.stages:
-            sync_grads(stage, self.parallel_mesh, tp_partial=self.plan.TP_PARTIAL)
+            sync_grads(stage, self.parallel_mesh, tp_partial=self.spec.tp_partial)
         return closure_loss
 
     def lightning_module_state_dict(self) -> dict:

@@ -55,6 +55,16 @@ def style_for(name: str, sequence_parallel: bool, n_inputs: int = 1):
     raise ValueError(f"unknown tensor-parallel style {name!r}; use one of {STYLES}.")
 
 
+def check_tp_plan(blocks, plan: dict[str, str], optional: frozenset[str] = frozenset()) -> None:
+    """Raise naming the plan paths that some block lacks, other than the ``optional`` ones."""
+    for i, block in enumerate(blocks):
+        names = dict(block.named_modules())
+        missing = [p for p in plan if p not in names and p not in optional]
+        if missing:
+            raise ValueError(f"the tensor-parallel plan names {missing} but block {i} ({type(block).__name__}) has no "
+                             f"such module; fix the family's TP plan (or declare the path optional)")
+
+
 def apply_tensor_parallel(
     blocks: nn.ModuleList | list[nn.Module],
     tp_mesh: DeviceMesh,
@@ -62,13 +72,16 @@ def apply_tensor_parallel(
     *,
     sequence_parallel: bool = False,
     sp_input_arity: dict[str, int] | None = None,
+    optional: frozenset[str] = frozenset(),
 ) -> None:
     """Apply ``plan`` (block-relative path -> style) to every block in place.
 
     ``sp_input_arity`` gives the number of positional inputs of each ``sp_input`` module (only the
-    first is gathered). Paths missing from a block (e.g. no cross-attention) are skipped.
+    first is gathered). A path missing from a block raises, naming it, unless it is ``optional`` (e.g.
+    cross-attention in a model without text): a renamed layer never silently loses tensor parallelism.
     """
     sp_input_arity = sp_input_arity or {}
+    check_tp_plan(blocks, plan, optional)
     for block in blocks:
         names = dict(block.named_modules())
         torch_plan = {}

@@ -5,7 +5,7 @@ frame is encoded on its own, so an image is one latent frame and a clip of ``1 +
 ``1 + k`` latent frames. Compression ``tc x sc x sc`` (4x8x8, 8x8x8, 8x16x16, ...), width and depth are
 configurable. With ``bottleneck="kl"`` the encoder predicts a mean and log-variance (a VAE; ``encode``
 returns the mean); with ``"ae"`` it predicts the latent directly (regularized by an L2 penalty in
-training). Train it with :func:`nemo_vfm.tokenizers.train.train_tokenizer`.
+training). Train it with :func:`nemo_vfm.train_tokenizer.train_tokenizer`.
 
 Legend: B batch, T/H/W pixel frames/height/width, t/h/w latent ones, c latent channels.
 """

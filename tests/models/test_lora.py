@@ -15,9 +15,10 @@ from nemo_vfm.models.common.lora import (
     merge_lora,
     merge_lora_state_dict,
 )
-from nemo_vfm.parallel.equivalence import tiny_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parallel"))
+
+from equivalence import tiny_config  # noqa: E402  (tests/parallel/equivalence.py)
 
 
 def _inputs(cfg, seed=0):
@@ -111,7 +112,7 @@ def test_compiled_block_trains_adapters():
 
 # -- parallel layouts on gloo ---------------------------------------------------------------------
 def _problem(cfg):
-    from nemo_vfm.parallel import equivalence as E
+    import equivalence as E
 
     problem = E.make_problem(cfg)
     m = _lora_model(cfg)
@@ -120,7 +121,7 @@ def _problem(cfg):
 
 
 def _reference(cfg, problem, steps=2):
-    from nemo_vfm.parallel import equivalence as E
+    import equivalence as E
 
     m = cfg.build()
     apply_lora(m, LoRAConfig(rank=4, alpha=8.0))
@@ -141,9 +142,9 @@ def _reference(cfg, problem, steps=2):
 
 
 def _layout(dims_kw, world, problem, steps=2):
+    import equivalence as E
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from nemo_vfm.parallel import equivalence as E
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import split_dtensor_groups
     from nemo_vfm.parallel.mesh import build_mesh

@@ -1,11 +1,11 @@
 """A DCP checkpoint saved under one layout resumes under another with the same losses; export works."""
 
+import equivalence as E
 import torch
 import torch.distributed as dist
 from gloo_launcher import run_distributed
 
 from nemo_vfm.parallel import checkpoint as ckpt
-from nemo_vfm.parallel import equivalence as E
 
 MOMENTUM = 0.9
 

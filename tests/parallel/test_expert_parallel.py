@@ -2,11 +2,11 @@
 over ranks) alone and with FSDP2, TP (dense layers), CP and SP; expert choice and token choice (top-k with
 its load-balancing loss). Losses, gradient norms, gradients (3 steps) and weights, as in test_layouts."""
 
+import equivalence as E
 import pytest
 from gloo_launcher import run_distributed
 
 from nemo_vfm.models.common.moe import MoEConfig
-from nemo_vfm.parallel import equivalence as E
 
 ROUTINGS = {
     "ec": dict(routing="expert_choice", capacity_factor=1.5, num_shared_experts=1),

@@ -5,7 +5,7 @@ process."""
 import pytest
 from gloo_launcher import run_distributed
 
-from nemo_vfm.lightning.strategy import VFMParallelStrategy, family_plan
+from nemo_vfm.lightning.strategy import VFMParallelStrategy, family_spec
 
 
 def _config(family):
@@ -39,23 +39,29 @@ def _train(rank, world, root, family, strategy_kw):
                  log=ExperimentConfig(name=family, root=root, tensorboard=False))["loss"]
 
 
-def test_family_plan_lookup():
+def test_family_spec_lookup_and_knobs():
     import nemo_vfm.models.dit.parallelize as dit_plan
     import nemo_vfm.models.stdit.parallelize as stdit_plan
+    import nemo_vfm.models.wan.parallelize as wan_plan
     from nemo_vfm.models.dit.model import DiTConfig
 
-    assert family_plan(DiTConfig(num_layers=1, hidden_size=32, num_heads=4)) is dit_plan
-    assert family_plan(_config("stdit")) is stdit_plan
-    import nemo_vfm.models.wan.parallelize as wan_plan
-
-    assert family_plan(_config("wan")) is wan_plan
+    assert family_spec(DiTConfig(num_layers=1, hidden_size=32, num_heads=4)) is dit_plan.SPEC
+    assert family_spec(_config("stdit")) is stdit_plan.SPEC and family_spec(_config("wan")) is wan_plan.SPEC
     strategy = VFMParallelStrategy(activation_checkpointing="full", param_dtype=None)
-    for plan in (dit_plan, stdit_plan, family_plan(_config("moviegen")), wan_plan):
-        assert all(hasattr(plan, name) for name in ("parallelize", "check_layout", "TP_PARTIAL", "PP_DUPLICATED"))
-        # every family's plan takes the strategy's knobs by name (a **kwargs signature would drop them all)
-        knobs = strategy._family_kwargs(plan.parallelize)
-        assert knobs["activation_checkpointing"] == "full" and knobs["param_dtype"] is None, plan.__name__
-        assert {"compile", "reduce_dtype"} <= knobs.keys(), plan.__name__
+    for family in ("dit", "stdit", "moviegen", "wan"):
+        spec = family_spec(DiTConfig(num_layers=1, hidden_size=32, num_heads=4) if family == "dit" else _config(family))
+        knobs = strategy.family_knobs(spec)  # exactly the knobs the family declares
+        assert knobs.keys() == spec.knobs and knobs["activation_checkpointing"] == "full", family
+        assert knobs["param_dtype"] is None, family
+
+
+def test_a_knob_the_family_does_not_read_fails_naming_it():
+    spec = family_spec(_config("stdit"))
+    with pytest.raises(ValueError, match=r"stdit family does not read fuse_qkv=False"):
+        VFMParallelStrategy(fuse_qkv=False).family_knobs(spec)  # ST-DiT has no fused q/k/v
+    with pytest.raises(ValueError, match=r"does not read factorized_context_parallel='ring'.*fsdp_reshard_after_forward"):
+        VFMParallelStrategy(factorized_context_parallel="ring").family_knobs(family_spec(_config("wan")))
+    assert "fuse_qkv" not in VFMParallelStrategy().family_knobs(spec)  # at its default: passed over silently
 
 
 @pytest.mark.slow

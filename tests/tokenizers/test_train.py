@@ -12,7 +12,7 @@ import torch
 from nemo_vfm.tokenizers.causal import CausalTokenizerConfig
 from nemo_vfm.tokenizers.metrics import psnr, ssim
 from nemo_vfm.tokenizers.registry import build_tokenizer
-from nemo_vfm.tokenizers.train import TokenizerDataConfig, TokenizerLossConfig, train_tokenizer
+from nemo_vfm.train_tokenizer import TokenizerDataConfig, TokenizerLossConfig, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # subprocesses: one thread (see conftest.one_cpu_thread)
@@ -39,7 +39,7 @@ def test_training_raises_held_out_psnr_by_3db(tmp_path):
     assert saved["psnr_gain_db"] == pytest.approx(m["psnr_gain_db"])
     assert (tmp_path / "recon_step0.mp4").stat().st_size > 0 and (tmp_path / "recon_step200.mp4").stat().st_size > 0
     tok = build_tokenizer("causal", checkpoint=str(tmp_path / "tokenizer.pt"))
-    from nemo_vfm.tokenizers.train import _Clips
+    from nemo_vfm.train_tokenizer import _Clips
 
     z = tok.encode(_Clips(TokenizerDataConfig(num_frames=5, height=16, width=16, seed=7)).train_batch(0, 8))
     assert 0.3 < float(z.std()) < 3.0  # normalized with the measured latent statistics

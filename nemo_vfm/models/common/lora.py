@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nemo_vfm.models.common.lora_names import plain_param_name  # noqa: F401  (re-exported)
+
 LORA_KEYS = (".lora_A.", ".lora_B.")
 
 
@@ -144,9 +146,9 @@ class LoRALinear(nn.Module):
 
 def default_targets(model: nn.Module) -> tuple[str, ...]:
     """The linears that the family's tensor-parallel plan names (block-relative paths), as patterns."""
-    from nemo_vfm.models.plan import family_plan
+    from nemo_vfm.models.families import family_spec
 
-    plan = family_plan(model, "pass LoRAConfig.targets explicitly").TP_PLAN
+    plan = family_spec(model, "pass LoRAConfig.targets explicitly").tp_plan
     return tuple(path for path, style in plan.items() if style in ("colwise", "rowwise"))
 
 
@@ -196,19 +198,6 @@ def init_lora_weights(model: nn.Module, seed: int = 0) -> None:
     for name, m in lora_modules(model).items():
         g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(clean_name(name).encode()))
         m.reset_lora(g)
-
-
-def plain_param_name(name: str, lora_paths) -> str | None:
-    """A LoRA network's parameter ``name`` under the plain network's names (``p.base.weight`` -> ``p.weight``
-    for ``p`` in ``lora_paths``); None for an adapter weight (``p.lora_A.weight``, ``p.lora_B.weight``)."""
-    head, _, leaf = name.rpartition(".")
-    parent, _, last = head.rpartition(".")
-    if parent in lora_paths:
-        if last in ("lora_A", "lora_B"):
-            return None
-        if last == "base":
-            return f"{parent}.{leaf}"
-    return name
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

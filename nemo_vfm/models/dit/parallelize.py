@@ -34,6 +34,8 @@ import torch
 from torch import nn
 
 from nemo_vfm.models.common.packed import PackedAttention
+from nemo_vfm.models.dit.model import DiTConfig
+from nemo_vfm.models.spec import FamilySpec
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
@@ -308,6 +310,7 @@ def parallelize_dit(
     float8_modules: str = "mlp",
     check=check_layout,
     tp_plan: dict[str, str] = TP_PLAN,
+    tp_optional: frozenset[str] | None = None,
     sp_input_arity: dict[str, int] = SP_INPUT_ARITY,
     self_attention_cores: tuple[str, ...] = SELF_ATTENTION_CORES,
 ) -> nn.Module:
@@ -316,10 +319,11 @@ def parallelize_dit(
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
     ``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
-    ``check``, ``tp_plan``, ``sp_input_arity``, ``self_attention_cores``: the family's own (MovieGen's and Wan's
-    blocks follow the DiT layout).
+    ``check``, ``tp_plan``, ``tp_optional``, ``sp_input_arity``, ``self_attention_cores``: the family's own
+    (MovieGen's and Wan's blocks follow the DiT layout).
     """
     d = pmesh.dims
+    tp_optional = TP_OPTIONAL if tp_optional is None else tp_optional
     if d.pp > 1 and not blocks_only:
         raise ValueError("under pipeline parallelism build the stages with build_pipeline_stages(model, pmesh)")
     check(model.cfg, d)
@@ -331,7 +335,7 @@ def parallelize_dit(
         dense_plan = {k: v for k, v in tp_plan.items() if k.split(".")[0] not in MOE_MODULES}
         for part, plan in (([b for b in owned if b not in moe_blocks], tp_plan), (moe_blocks, dense_plan)):
             apply_tensor_parallel(part, pmesh.get("tp"), plan, sequence_parallel=d.sequence_parallel,
-                                  sp_input_arity=sp_input_arity)
+                                  sp_input_arity=sp_input_arity, optional=tp_optional)
     if d.cp > 1:
         _replace_cores(owned, pmesh, attention_backend, self_attention_cores)
     tok = None
@@ -439,8 +443,18 @@ def build_pipeline_stages(
     stages, ids = [], []
     for s in range(rank, n, d.pp):
         stage = make_stage(model, layers[s], s == 0, s == n - 1, tok)
-        parallelize_dit(stage, pmesh, blocks_only=True,
-                        **{"reshard_after_forward": False, **parallelize_kwargs})
+        # micro-batches reuse the gathered weights: no resharding after forward
+        parallelize_dit(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "reshard_after_forward": False})
         stages.append(stage)
         ids.append(s)
     return stages, ids
+
+
+# -- the family, declared -------------------------------------------------------------------------------
+KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "fuse_qkv", "param_dtype", "reduce_dtype",
+                   "attention_backend", "reshard_after_forward", "float8", "float8_modules"})
+# a block may lack cross-attention (no text) and has either the GELU or the SwiGLU MLP
+TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn" or k.startswith("mlp."))
+SPEC = FamilySpec(name="dit", config=DiTConfig, parallelize=parallelize_dit, check_layout=check_layout, knobs=KNOBS,
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
+                  build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)

@@ -20,12 +20,15 @@ import functools
 
 from torch import nn
 
+from nemo_vfm.models.dit.parallelize import KNOBS as DIT_KNOBS
 from nemo_vfm.models.dit.parallelize import (
     _TokenParallel,
     copy_stage,
     parallelize_dit,
     stage_layers,
 )
+from nemo_vfm.models.moviegen.model import MovieGenConfig
+from nemo_vfm.models.spec import FamilySpec
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.expert_parallel import check_moe
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -60,7 +63,8 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
 
 
 # TP/SP, CP, FP8, activation checkpointing, compile and FSDP as for the DiT, with MovieGen's checks and TP plan
-parallelize_moviegen = functools.partial(parallelize_dit, check=check_layout, tp_plan=TP_PLAN,
+TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn")  # no text: no cross-attention
+parallelize_moviegen = functools.partial(parallelize_dit, check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
                                          sp_input_arity=SP_INPUT_ARITY)
 parallelize = parallelize_moviegen  # the family-generic name
 
@@ -106,7 +110,13 @@ def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_k
         stage = copy_stage(model, layers[s], drop)
         stage._pp = {"first": s == 0, "last": s == n - 1, "layers": layers[s], "tok": tok, "grid": None}
         stage.forward = _stage_forward.__get__(stage)
-        parallelize_moviegen(stage, pmesh, blocks_only=True, **{"reshard_after_forward": False, **parallelize_kwargs})
+        # micro-batches reuse the gathered weights: no resharding after forward
+        parallelize_moviegen(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "reshard_after_forward": False})
         stages.append(stage)
         ids.append(s)
     return stages, ids
+
+
+SPEC = FamilySpec(name="moviegen", config=MovieGenConfig, parallelize=parallelize_moviegen, check_layout=check_layout,
+                  knobs=DIT_KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL,
+                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)

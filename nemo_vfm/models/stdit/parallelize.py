@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from nemo_vfm.models.dit.parallelize import KNOBS as DIT_KNOBS
 from nemo_vfm.models.dit.parallelize import _install_token_hooks, _TokenParallel
+from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.stdit.model import STDiTConfig
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
@@ -37,6 +40,8 @@ TP_PLAN: dict[str, str] = {
     "mlp.fc1": "colwise", "mlp.fc2": "rowwise",  # GELU MLP
     "mlp.w1": "colwise", "mlp.w3": "colwise", "mlp.w2": "rowwise",  # SwiGLU
 }
+# full attention in every n-th block only, no cross-attention without text, a GELU or a SwiGLU MLP
+TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] in ("attn", "cross_attn") or k.startswith("mlp."))
 # positional inputs of each sp_input module (only the first, the tokens, is gathered)
 SP_INPUT_ARITY = {"spatial_attn": 4, "temporal_attn": 4, "attn": 3, "cross_attn": 3, "mlp": 1}
 FACTORIZED_CORES = ("spatial_attn.core", "temporal_attn.core")  # -> hybrid all-to-all / local
@@ -93,7 +98,7 @@ def parallelize_stdit(
     blocks = model.blocks
     if d.tp > 1:
         apply_tensor_parallel(blocks, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
-                              sp_input_arity=SP_INPUT_ARITY)
+                              sp_input_arity=SP_INPUT_ARITY, optional=TP_OPTIONAL)
     if d.cp > 1:
         group = pmesh.group("cp")
         replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend)
@@ -117,3 +122,8 @@ def parallelize_stdit(
 
 
 parallelize = parallelize_stdit  # the family-generic name
+
+
+SPEC = FamilySpec(name="stdit", config=STDiTConfig, parallelize=parallelize_stdit, check_layout=check_layout,
+                  knobs=(DIT_KNOBS - {"fuse_qkv"}) | {"factorized_cp"}, layout_knobs=frozenset({"factorized_cp"}),
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED)

@@ -6,96 +6,33 @@
 * **diffusers** (``WanTransformer3DModel.save_pretrained``): ``config.json`` with ``num_attention_heads``,
   ``attention_head_dim``, ... and shards listed in ``diffusion_pytorch_model.safetensors.index.json``;
   names such as ``condition_embedder.time_embedder.linear_1``, ``blocks.N.attn1.to_q``, ``ffn.net.0.proj``,
-  ``scale_shift_table`` (see :data:`RENAMES`). A full pipeline folder (``transformer/``, ``vae/``,
-  ``text_encoder/``...) is accepted and its ``transformer/`` read.
+  ``scale_shift_table`` (see :data:`nemo_vfm.models.wan.weights.RENAMES`). A full pipeline folder
+  (``transformer/``, ``vae/``, ``text_encoder/``...) is accepted and its ``transformer/`` read.
 
 Loading builds the network on the meta device and reads one tensor at a time from each shard with
 ``safetensors.safe_open``: into a plain model by assignment, into a sharded one (FSDP2 / TP DTensors) by
 reading only the slice of each tensor that the rank holds (``nemo_vfm.parallel.materialize``: no full model
-copy per rank, no full tensor per rank under plain ``Shard`` placements, no broadcast).
+copy per rank, no full tensor per rank under plain ``Shard`` placements, no broadcast). The names, folders and
+that streaming loader (:func:`load_weights`) live in ``weights.py``, which ``model.py`` uses without this module.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from nemo_vfm.models.wan.model import WanConfig, WanModel
-
-# original (= ours) -> diffusers name pieces, applied in order to dotted names
-RENAMES: tuple[tuple[str, str], ...] = (
-    (r"^time_embedding\.0\.", "condition_embedder.time_embedder.linear_1."),
-    (r"^time_embedding\.2\.", "condition_embedder.time_embedder.linear_2."),
-    (r"^text_embedding\.0\.", "condition_embedder.text_embedder.linear_1."),
-    (r"^text_embedding\.2\.", "condition_embedder.text_embedder.linear_2."),
-    (r"^time_projection\.1\.", "condition_embedder.time_proj."),
-    (r"^img_emb\.proj\.0\.", "condition_embedder.image_embedder.norm1."),
-    (r"^img_emb\.proj\.1\.", "condition_embedder.image_embedder.ff.net.0.proj."),
-    (r"^img_emb\.proj\.3\.", "condition_embedder.image_embedder.ff.net.2."),
-    (r"^img_emb\.proj\.4\.", "condition_embedder.image_embedder.norm2."),
-    (r"^head\.modulation$", "scale_shift_table"),
-    (r"^head\.head\.", "proj_out."),
-    (r"\.modulation$", ".scale_shift_table"),
-    (r"\.ffn\.0\.", ".ffn.net.0.proj."),
-    (r"\.ffn\.2\.", ".ffn.net.2."),
-    (r"\.norm3\.", ".norm2."),  # the cross-attention norm: norm3 in Wan, norm2 in diffusers
-    (r"\.self_attn\.o\.", ".attn1.to_out.0."),
-    (r"\.self_attn\.(q|k|v)\.", r".attn1.to_\1."),
-    (r"\.self_attn\.norm_(q|k)\.", r".attn1.norm_\1."),
-    (r"\.cross_attn\.o\.", ".attn2.to_out.0."),
-    (r"\.cross_attn\.(q|k|v)\.", r".attn2.to_\1."),
-    (r"\.cross_attn\.(k|v)_img\.", r".attn2.add_\1_proj."),
-    (r"\.cross_attn\.norm_(q|k)\.", r".attn2.norm_\1."),
-    (r"\.cross_attn\.norm_k_img\.", ".attn2.norm_added_k."),
+from nemo_vfm.models.wan.weights import (
+    detect_layout,
+    from_diffusers_name,
+    load_weights,
+    to_diffusers_name,
+    transformer_dir,
+    weight_files,
 )
-_INVERSE: tuple[tuple[str, str], ...] = (
-    (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
-    (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
-    (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
-    (r"^condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
-    (r"^condition_embedder\.time_proj\.", "time_projection.1."),
-    (r"^condition_embedder\.image_embedder\.norm1\.", "img_emb.proj.0."),
-    (r"^condition_embedder\.image_embedder\.ff\.net\.0\.proj\.", "img_emb.proj.1."),
-    (r"^condition_embedder\.image_embedder\.ff\.net\.2\.", "img_emb.proj.3."),
-    (r"^condition_embedder\.image_embedder\.norm2\.", "img_emb.proj.4."),
-    (r"^scale_shift_table$", "head.modulation"),
-    (r"^proj_out\.", "head.head."),
-    (r"\.scale_shift_table$", ".modulation"),
-    (r"\.ffn\.net\.0\.proj\.", ".ffn.0."),
-    (r"\.ffn\.net\.2\.", ".ffn.2."),
-    (r"\.norm2\.", ".norm3."),
-    (r"\.attn1\.to_out\.0\.", ".self_attn.o."),
-    (r"\.attn1\.to_(q|k|v)\.", r".self_attn.\1."),
-    (r"\.attn1\.norm_(q|k)\.", r".self_attn.norm_\1."),
-    (r"\.attn2\.to_out\.0\.", ".cross_attn.o."),
-    (r"\.attn2\.to_(q|k|v)\.", r".cross_attn.\1."),
-    (r"\.attn2\.add_(k|v)_proj\.", r".cross_attn.\1_img."),
-    (r"\.attn2\.norm_(q|k)\.", r".cross_attn.norm_\1."),
-    (r"\.attn2\.norm_added_k\.", ".cross_attn.norm_k_img."),
-)
-
-
-def _rename(name: str, rules) -> str:
-    for pat, rep in rules:
-        name, n = re.subn(pat, rep, name)
-        if n and not pat.startswith(r"\."):  # a whole-name rule: the rest cannot apply
-            break
-    return name
-
-
-def to_diffusers_name(name: str) -> str:
-    """Our (= original Wan) parameter name -> ``WanTransformer3DModel``'s."""
-    return _rename(name, RENAMES)
-
-
-def from_diffusers_name(name: str) -> str:
-    """``WanTransformer3DModel``'s parameter name -> ours (= original Wan)."""
-    return _rename(name, _INVERSE)
 
 
 def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -194,32 +131,6 @@ def config_from_state(shapes: dict[str, tuple[int, ...]], **overrides) -> WanCon
 
 
 # -- folders ----------------------------------------------------------------------------------------------
-def transformer_dir(path: str | Path) -> Path:
-    """The folder holding the transformer weights: ``path`` itself or a pipeline's ``transformer/``."""
-    p = Path(path)
-    if p.is_file():
-        return p.parent
-    if (p / "transformer").is_dir():
-        return p / "transformer"
-    return p
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a Wan folder (from the index when there is one)."""
-    d = transformer_dir(path)
-    if Path(path).is_file():
-        return [Path(path)]
-    index = sorted(d.glob("*.safetensors.index.json"))
-    if index:
-        names = sorted(set(json.loads(index[0].read_text())["weight_map"].values()))
-        return [d / n for n in names]
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {d}; point at a Wan transformer folder (diffusers or "
-                                f"original layout) or a Wan pipeline folder with transformer/")
-    return files
-
-
 def _keys_and_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
@@ -229,17 +140,6 @@ def _keys_and_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
             for k in sf.keys():
                 out[k] = tuple(sf.get_slice(k).get_shape())
     return out
-
-
-def detect_layout(keys) -> str:
-    """``'diffusers'`` or ``'original'`` from parameter names."""
-    keys = list(keys)
-    if any(k.startswith("condition_embedder.") or ".attn1." in k for k in keys):
-        return "diffusers"
-    if any(k.startswith("time_embedding.") or ".self_attn." in k for k in keys):
-        return "original"
-    raise ValueError("these weights are neither a diffusers WanTransformer3DModel nor an original Wan model "
-                     "(no condition_embedder.* / time_embedding.* keys)")
 
 
 def read_config(path: str | Path, **overrides) -> WanConfig:
@@ -266,62 +166,6 @@ def is_wan_folder(path: str | Path) -> bool:
         return False
     return c.get("_class_name") in ("WanTransformer3DModel", "WanModel") or ("dim" in c and "num_heads" in c
                                                                            and "in_dim" in c)
-
-
-@torch.no_grad()
-def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int:
-    """Stream a Wan folder's weights into ``model``, one tensor at a time, and return the number of elements read.
-
-    ``model`` may be plain, built on the meta device (parameters assigned as read), or already parallelised:
-    a DTensor parameter (FSDP2, TP) gets only its local shard, read as a slice of the safetensors tensor, so no
-    rank reads (or holds) a full copy of the model. A network with LoRA adapters takes the weights as its base
-    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``)."""
-    from safetensors import safe_open
-
-    from nemo_vfm.models.common.lora import lora_modules, plain_param_name
-    from nemo_vfm.parallel.grads import clean_name  # wrapper prefixes (activation checkpointing, compile)
-    from nemo_vfm.parallel.materialize import fill_local
-
-    lora_paths = {clean_name(n) for n in lora_modules(model)}
-    params = {}
-    for mn, m in model.named_modules():
-        for pn, _ in m.named_parameters(recurse=False):
-            name = plain_param_name(clean_name(f"{mn}.{pn}" if mn else pn), lora_paths)
-            if name is not None:  # adapters are not in a Wan folder
-                params[name] = (m, pn)
-    seen, n_read = set(), 0
-    layout = None
-    for f in weight_files(path):
-        with safe_open(str(f), framework="pt") as sf:
-            keys = list(sf.keys())
-            layout = layout or detect_layout(keys)
-            for key in keys:
-                if layout == "diffusers" and ".norm_added_q." in key:
-                    continue
-                name = from_diffusers_name(key) if layout == "diffusers" else key
-                if name not in params:
-                    if strict:
-                        raise KeyError(f"{f.name} has {key!r} ({name!r}) that this Wan model lacks: the weights do not "
-                                       f"match the config (flavor, T2V vs I2V)")
-                    continue
-                mod, attr = params[name]
-                p = getattr(mod, attr)
-                src = sf.get_slice(key)
-                if tuple(src.get_shape()) != tuple(p.shape):
-                    raise ValueError(f"{key}: shape {tuple(src.get_shape())} in the weights, {tuple(p.shape)} in the "
-                                     f"model; the config does not match the checkpoint")
-                if p.is_meta:
-                    t = sf.get_tensor(key)
-                    setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
-                    n_read += t.numel()
-                else:
-                    n_read += fill_local(p, lambda region, k=key, s=src: sf.get_tensor(k) if region is None else s[region])
-                seen.add(name)
-    missing = set(params) - seen
-    if strict and missing:
-        raise KeyError(f"the weights in {path} lack {len(missing)} parameters of this Wan model, e.g. "
-                       f"{sorted(missing)[:3]}; the config does not match the checkpoint")
-    return n_read
 
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

@@ -94,10 +94,13 @@ class WanConfig:
         if str(device) == "meta":
             with torch.device("meta"):
                 return WanModel(self)
-        if self.pretrained:
-            from nemo_vfm.models.wan.convert import load_pretrained
+        if self.pretrained:  # meta build, each tensor assigned from its shard (convert.load_pretrained's path)
+            from nemo_vfm.models.wan.weights import load_weights
 
-            return load_pretrained(self.pretrained, device=device or "cpu", config=self)
+            with torch.device("meta"):
+                model = WanModel(self)
+            load_weights(model, self.pretrained)
+            return model.to(device or "cpu")
         with torch.device(device or "cpu"):
             model = WanModel(self)
         model.init_weights()
@@ -348,7 +351,7 @@ class WanModel(nn.Module):
         when the config names a ``pretrained`` folder, its weights (every parameter, streamed; also into an
         already parallelised model: meta build, parallelize, ``to_empty``, ``init_weights()``)."""
         if self.cfg.pretrained:
-            from nemo_vfm.models.wan.convert import load_weights
+            from nemo_vfm.models.wan.weights import load_weights
 
             load_weights(self, self.cfg.pretrained)
             return

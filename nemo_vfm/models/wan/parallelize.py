@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nemo_vfm.models.dit.parallelize import parallelize_dit
-from nemo_vfm.models.wan.model import WanRMSNorm
+from nemo_vfm.models.dit.parallelize import KNOBS, parallelize_dit
+from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.wan.model import WanConfig, WanRMSNorm
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.mesh import ParallelMesh
 
@@ -35,6 +36,7 @@ TP_PLAN: dict[str, str] = {
     "ffn.0": "colwise", "ffn.2": "rowwise",
 }
 SP_INPUT_ARITY = {"self_attn": 3, "cross_attn": 3, "ffn": 1}
+TP_OPTIONAL = frozenset({"cross_attn.k_img", "cross_attn.v_img"})  # image-to-video only
 SELF_ATTENTION_CORES = ("self_attn.core",)
 TP_PARTIAL = ("blocks.*.norm_q.weight", "blocks.*.norm_k.weight", "blocks.*.norm_k_img.weight")
 PP_DUPLICATED: tuple[str, ...] = ()  # no pipeline plan
@@ -95,7 +97,12 @@ def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpo
                            compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                            attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
                            float8=float8, float8_modules=float8_modules, check=check_layout, tp_plan=TP_PLAN,
+                           tp_optional=TP_OPTIONAL,
                            sp_input_arity=SP_INPUT_ARITY, self_attention_cores=SELF_ATTENTION_CORES)
 
 
 parallelize = parallelize_wan  # the family-generic name
+
+
+SPEC = FamilySpec(name="wan", config=WanConfig, parallelize=parallelize_wan, check_layout=check_layout, knobs=KNOBS,
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED)

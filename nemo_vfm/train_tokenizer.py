@@ -9,6 +9,8 @@ Writes to ``out_dir``: ``tokenizer.pt`` (load with ``build_tokenizer("causal", c
 ``metrics.json``, ``recon_step{N}.mp4`` (each held-out clip: original | reconstruction; a gif where
 PyAV is missing).
 Recipes: ``recipes/tokenizer.py`` (``tokenizer_4x8x8``, ``tokenizer_8x8x8``, ``tokenizer_8x16x16``).
+A training entry point beside :mod:`nemo_vfm.train` (the top layer): it reads clips from ``nemo_vfm.data``, which
+sits above ``nemo_vfm.tokenizers`` (its encoders use the tokenizers).
 """
 
 

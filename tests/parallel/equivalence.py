@@ -1,6 +1,8 @@
 """Check that a parallel layout trains exactly like one process: same losses, gradients, weights.
 
-Used by ``tests/parallel`` (gloo, CPU) and ``bench/parallel_equivalence.py`` (NCCL, GPUs):
+Test code, not library code (it builds DiT/MovieGen models, the EDM objective and packed data on top of
+``nemo_vfm.parallel``): ``import equivalence`` with ``tests/parallel`` on ``sys.path``. Used by ``tests/parallel``
+(gloo, CPU) and ``bench/parallel_equivalence.py`` (NCCL, GPUs):
 
     problem = make_problem(cfg)                      # fixed weights, batch, noise levels, noise
     ref = run_reference(cfg, problem, steps=3)       # plain model, one process
@@ -138,10 +140,10 @@ def forward_loss(model, b: dict) -> torch.Tensor:
 
 
 def plan_of(cfg):
-    """The parallel plan module of ``cfg``'s model family (``nemo_vfm.models.<family>.parallelize``)."""
-    from nemo_vfm.models.plan import family_plan
+    """The declared spec of ``cfg``'s model family (:class:`nemo_vfm.models.spec.FamilySpec`)."""
+    from nemo_vfm.models.families import family_spec
 
-    return family_plan(cfg)
+    return family_spec(cfg)
 
 
 def per_sample_loss(out: torch.Tensor, b: dict, idx: torch.Tensor) -> torch.Tensor:
@@ -212,7 +214,7 @@ def build_parallel(cfg, problem: dict, dims: ParallelDims, device, **parallelize
         stages, ids = P.build_pipeline_stages(model, pmesh, **kw)
         for st in stages:
             P.set_stage_grid(st, problem["latent"])
-        runner = PipelineRunner(stages, ids, pmesh, device=device, pp_duplicated=P.PP_DUPLICATED)
+        runner = PipelineRunner(stages, ids, pmesh, device=device, pp_duplicated=P.pp_duplicated)
         modules = stages
     else:
         runner = None
@@ -262,9 +264,9 @@ def train_steps(modules, runner, pmesh, problem: dict, opt, *, steps: int, max_n
             loss = runner.broadcast_loss(loss, device)
             runner.sync_duplicated_grads()
         for m in modules:
-            sync_grads(m, pmesh, tp_partial=P.TP_PARTIAL)
+            sync_grads(m, pmesh, tp_partial=P.tp_partial)
         res["grads"].append(_collect(modules, "grad"))
-        res["norm"].append(clip_grad_norm_(modules, max_norm, pmesh, pp_duplicated=P.PP_DUPLICATED).item())
+        res["norm"].append(clip_grad_norm_(modules, max_norm, pmesh, pp_duplicated=P.pp_duplicated).item())
         loss = loss.detach().float().clone()
         dist.all_reduce(loss, group=pmesh.group("dp"))
         res["loss"].append(loss.item() / dp)
