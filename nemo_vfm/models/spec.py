@@ -9,13 +9,32 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, kw_only=True)
+class TokenSplit:
+    """Which block arguments the sequence/context split rewrites (diffusers' ``_cp_plan``, as data): ``tokens``
+    are split once before block 0 and gathered after the head; ``per_token_cond`` are split when per-token
+    ``(B, S, D)`` and kept when ``(B, D)``; ``rope`` is sliced to this rank's tokens; ``masks`` (``attn_mask``,
+    ``context_mask``) are replaced by this rank's view; ``seg_ids`` (packed batches) by this rank's segments.
+    Every name must be an argument of the family's block ``forward``, or installing the split raises."""
+
+    tokens: tuple[str, ...] = ("x_BSD",)
+    per_token_cond: tuple[str, ...] = ("c",)
+    rope: str | None = "rope"
+    masks: tuple[str, ...] = ("attn_mask", "context_mask")
+    seg_ids: str | None = "seg_ids"
+
+    def names(self) -> list[str]:
+        return [*self.tokens, *self.per_token_cond, *self.masks, *(n for n in (self.rope, self.seg_ids) if n)]
+
+
+@dataclass(frozen=True, kw_only=True)
 class FamilySpec:
     """What the training strategy and the inference engine need of a family.
 
     ``knobs``: the parallelize keywords the family reads (``compile``, ``fuse_qkv``...); ``layout_knobs``: those
     ``check_layout(cfg, dims, latent_thw, **layout_knobs)`` reads. ``tp_plan``: block-relative module path ->
     style; ``tp_optional``: plan paths a block may lack (e.g. I2V-only layers); ``tp_partial`` /
-    ``pp_duplicated``: parameter-name patterns whose gradients are summed over TP / PP. ``build_pipeline_stages``
+    ``pp_duplicated``: parameter-name patterns whose gradients are summed over TP / PP; ``token_split``: the block
+    arguments that context / sequence parallelism split (:class:`TokenSplit`). ``build_pipeline_stages``
     and ``set_stage_grid``: None for a family without pipeline stages."""
 
     name: str
@@ -25,6 +44,7 @@ class FamilySpec:
     knobs: frozenset[str]
     layout_knobs: frozenset[str] = frozenset()
     tp_plan: dict[str, str]
+    token_split: TokenSplit
     tp_optional: frozenset[str] = frozenset()
     tp_partial: tuple[str, ...] = ()
     pp_duplicated: tuple[str, ...] = ()

@@ -4,6 +4,7 @@ names the families there are, and a tensor-parallel plan entry that matches no m
 import inspect
 
 import pytest
+import torch
 
 from nemo_vfm.models.dit.flavors import dit_config
 from nemo_vfm.models.families import _table, family_spec
@@ -31,3 +32,32 @@ def test_a_renamed_layer_fails_the_tp_plan_instead_of_losing_tensor_parallelism(
     with pytest.raises(ValueError, match=r"names \['attn.out'\] but block 0 \(DiTBlock\) has no such module"):
         check_tp_plan(blocks, renamed, optional=spec.tp_optional)  # apply_tensor_parallel checks first
     check_tp_plan(blocks, spec.tp_plan, optional=spec.tp_optional)  # cross-attention, the other MLP: optional
+
+
+def test_every_token_split_names_arguments_its_block_takes():
+    from nemo_vfm.models.moviegen.flavors import moviegen_config
+    from nemo_vfm.models.stdit.flavors import stdit_config
+    from nemo_vfm.models.wan.flavors import wan_config
+
+    for cfg in (dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny")):
+        block = cfg.build("meta").blocks[0]
+        params = inspect.signature(block.forward).parameters
+        assert set(family_spec(cfg).token_split.names()) <= params.keys(), type(block).__name__
+
+
+def test_a_renamed_block_argument_fails_the_token_split():
+    """Installing the split on a block whose token argument was renamed raises naming it (it used to stop being
+    split without a word)."""
+    from types import SimpleNamespace
+
+    from nemo_vfm.models.dit import parallelize as P
+
+    class Renamed(torch.nn.Module):
+        def forward(self, x, c, rope=None, context=None, context_mask=None, shared_adaln=None, attn_mask=None,
+                    seg_ids=None):
+            return x
+
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([Renamed()])
+    with pytest.raises(ValueError, match=r"names block argument\(s\) \['x_BSD'\], which Renamed.forward does not take"):
+        P._install_token_hooks(model, SimpleNamespace(plan=P.TOKEN_SPLIT))

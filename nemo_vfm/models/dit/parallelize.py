@@ -35,7 +35,7 @@ from torch import nn
 
 from nemo_vfm.models.common.packed import PackedAttention
 from nemo_vfm.models.dit.model import DiTConfig
-from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
 from nemo_vfm.parallel.compile import compile_blocks
@@ -60,8 +60,7 @@ SP_INPUT_ARITY = {"attn": 3, "cross_attn": 3, "mlp": 1}  # positional inputs; on
 SELF_ATTENTION_CORES = ("attn.core",)  # replaced under CP; cross-attention sees all text on every rank
 TP_PARTIAL = ("blocks.*.q_norm.weight", "blocks.*.k_norm.weight")  # per-head norms shared by local heads
 PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln.*")  # every stage has them
-BLOCK_TOKEN_ARGS = ("x_BSD",)  # block arguments that are token streams (split once, before block 0)
-BLOCK_PER_TOKEN_COND = ("c", "shared_adaln")  # split when per-token (B, S, D), kept when (B, D)
+TOKEN_SPLIT = TokenSplit(per_token_cond=("c", "shared_adaln"))  # the block arguments CP / SP rewrite
 # Block paths that are mixture-of-experts layers when the config has ``moe``: no TP on them (their experts are
 # split by expert parallelism, the router and shared experts are replicated), and under SP they keep their local
 # tokens (no gather); their routing sees the whole sequence through the CP/SP groups.
@@ -119,7 +118,8 @@ class _TokenParallel:
     a cross-attention mask of its queries against the whole text.
     """
 
-    def __init__(self, pmesh: ParallelMesh, pad: bool = False):
+    def __init__(self, pmesh: ParallelMesh, pad: bool = False, plan: TokenSplit = TOKEN_SPLIT):
+        self.plan = plan
         d = pmesh.dims
         self.cp, self.split_size, self.pad = d.cp, d.token_split, pad
         self.cp_group = pmesh.group("cp") if d.cp > 1 else None
@@ -195,7 +195,7 @@ class _TokenParallel:
         return _ForwardViews(n, pad, attn_mask=(seg == 0)[None, None, None, :])
 
     def _packed_views(self, a: dict) -> _ForwardViews:
-        n = a[BLOCK_TOKEN_ARGS[0]].shape[1]
+        n = a[self.plan.tokens[0]].shape[1]
         if n % self.split_size:
             raise ValueError(f"a packed batch of {n} tokens does not divide into cp*tp(sp) = {self.split_size} slices; "
                              f"pad samples to a multiple of {self.split_size} (EnergonDataModule / "
@@ -217,24 +217,25 @@ class _TokenParallel:
                              context_mask=local_cross, seg_local=seg_local)
 
     def block_args(self, sig: inspect.Signature, args, kwargs, first: bool, block: nn.Module | None = None):
+        plan = self.plan
         bound = sig.bind(*args, **kwargs)
         a = bound.arguments
-        packed = a.get("seg_ids") is not None
+        packed = plan.seg_ids is not None and a.get(plan.seg_ids) is not None
         if first:
-            self.views = self._packed_views(a) if packed else self._padded_views(a[BLOCK_TOKEN_ARGS[0]])
-            for name in BLOCK_TOKEN_ARGS:
+            self.views = self._packed_views(a) if packed else self._padded_views(a[plan.tokens[0]])
+            for name in plan.tokens:
                 a[name] = self.split(a[name])
         v = self.views
-        for name in BLOCK_PER_TOKEN_COND:
+        for name in plan.per_token_cond:
             if a.get(name) is not None and a[name].dim() == 3:
                 a[name] = self.split(a[name])
-        if "rope" in a:
-            a["rope"] = self.rope(a["rope"])
-        for name in ("attn_mask", "context_mask"):
-            if getattr(v, name) is not KEEP and name in sig.parameters:
+        if plan.rope is not None and plan.rope in a:
+            a[plan.rope] = self.rope(a[plan.rope])
+        for name in plan.masks:
+            if getattr(v, name) is not KEEP:
                 a[name] = getattr(v, name)
         if packed:
-            a["seg_ids"] = v.seg_local
+            a[plan.seg_ids] = v.seg_local
         if block is not None:
             for m in block.modules():
                 if isinstance(m, cpl.ContextParallelCore):
@@ -245,6 +246,11 @@ class _TokenParallel:
 def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
     blocks = list(model.blocks)
     sig = inspect.signature(blocks[0].forward)
+    missing = [n for n in tok.plan.names() if n not in sig.parameters]
+    if missing:  # a renamed block argument would otherwise stop being split, silently
+        raise ValueError(f"the token-split plan names block argument(s) {missing}, which "
+                         f"{type(blocks[0]).__name__}.forward does not take (it takes {list(sig.parameters)}); fix "
+                         "the family's TokenSplit")
 
     def pre(first):
         return lambda mod, args, kwargs: tok.block_args(sig, args, kwargs, first, mod)
@@ -311,6 +317,7 @@ def parallelize_dit(
     check=check_layout,
     tp_plan: dict[str, str] = TP_PLAN,
     tp_optional: frozenset[str] | None = None,
+    token_split: TokenSplit = TOKEN_SPLIT,
     sp_input_arity: dict[str, int] = SP_INPUT_ARITY,
     self_attention_cores: tuple[str, ...] = SELF_ATTENTION_CORES,
 ) -> nn.Module:
@@ -319,7 +326,7 @@ def parallelize_dit(
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
     ``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
-    ``check``, ``tp_plan``, ``tp_optional``, ``sp_input_arity``, ``self_attention_cores``: the family's own
+    ``check``, ``tp_plan``, ``tp_optional``, ``token_split``, ``sp_input_arity``, ``self_attention_cores``: the family's own
     (MovieGen's and Wan's blocks follow the DiT layout).
     """
     d = pmesh.dims
@@ -340,7 +347,7 @@ def parallelize_dit(
         _replace_cores(owned, pmesh, attention_backend, self_attention_cores)
     tok = None
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
-        tok = _TokenParallel(pmesh, pad=True)
+        tok = _TokenParallel(pmesh, pad=True, plan=token_split)
         _install_token_hooks(model, tok)
     moe_layers = _prepare_moe(owned, pmesh, tok)
     if float8:
@@ -456,5 +463,5 @@ KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "fuse_qkv"
 # a block may lack cross-attention (no text) and has either the GELU or the SwiGLU MLP
 TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn" or k.startswith("mlp."))
 SPEC = FamilySpec(name="dit", config=DiTConfig, parallelize=parallelize_dit, check_layout=check_layout, knobs=KNOBS,
-                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
-                  build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
+                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)

@@ -28,7 +28,7 @@ from nemo_vfm.models.dit.parallelize import (
     stage_layers,
 )
 from nemo_vfm.models.moviegen.model import MovieGenConfig
-from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.expert_parallel import check_moe
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -64,8 +64,9 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
 
 # TP/SP, CP, FP8, activation checkpointing, compile and FSDP as for the DiT, with MovieGen's checks and TP plan
 TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn")  # no text: no cross-attention
+TOKEN_SPLIT = TokenSplit(rope=None)  # RoPE is applied inside the attention, from the grid
 parallelize_moviegen = functools.partial(parallelize_dit, check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
-                                         sp_input_arity=SP_INPUT_ARITY)
+                                         token_split=TOKEN_SPLIT, sp_input_arity=SP_INPUT_ARITY)
 parallelize = parallelize_moviegen  # the family-generic name
 
 
@@ -118,5 +119,5 @@ def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_k
 
 
 SPEC = FamilySpec(name="moviegen", config=MovieGenConfig, parallelize=parallelize_moviegen, check_layout=check_layout,
-                  knobs=DIT_KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL,
+                  knobs=DIT_KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
                   pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)

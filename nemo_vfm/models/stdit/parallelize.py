@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import nn
 
 from nemo_vfm.models.dit.parallelize import KNOBS as DIT_KNOBS
-from nemo_vfm.models.dit.parallelize import _install_token_hooks, _TokenParallel
+from nemo_vfm.models.dit.parallelize import TOKEN_SPLIT, _install_token_hooks, _TokenParallel
 from nemo_vfm.models.spec import FamilySpec
 from nemo_vfm.models.stdit.model import STDiTConfig
 from nemo_vfm.parallel import context_parallel as cpl
@@ -109,7 +109,7 @@ def parallelize_stdit(
                 setattr(parent, attr, cpl.ContextParallelCore(group, d.cp_kind, backend=attention_backend,
                                                               inner=getattr(parent, attr)))
     if d.cp > 1 or d.sequence_parallel:
-        _install_token_hooks(model, _TokenParallel(pmesh))
+        _install_token_hooks(model, _TokenParallel(pmesh, plan=TOKEN_SPLIT))  # ST-DiT blocks take the DiT's
     if float8:
         apply_float8(blocks, float8, float8_modules)
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
@@ -126,4 +126,5 @@ parallelize = parallelize_stdit  # the family-generic name
 
 SPEC = FamilySpec(name="stdit", config=STDiTConfig, parallelize=parallelize_stdit, check_layout=check_layout,
                   knobs=(DIT_KNOBS - {"fuse_qkv"}) | {"factorized_cp"}, layout_knobs=frozenset({"factorized_cp"}),
-                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED)
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
+                  pp_duplicated=PP_DUPLICATED)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nemo_vfm.models.dit.parallelize import KNOBS, parallelize_dit
-from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.models.wan.model import WanConfig, WanRMSNorm
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -37,6 +37,7 @@ TP_PLAN: dict[str, str] = {
 }
 SP_INPUT_ARITY = {"self_attn": 3, "cross_attn": 3, "ffn": 1}
 TP_OPTIONAL = frozenset({"cross_attn.k_img", "cross_attn.v_img"})  # image-to-video only
+TOKEN_SPLIT = TokenSplit(masks=("attn_mask",), seg_ids=None)  # text is never masked, batches are never packed
 SELF_ATTENTION_CORES = ("self_attn.core",)
 TP_PARTIAL = ("blocks.*.norm_q.weight", "blocks.*.norm_k.weight", "blocks.*.norm_k_img.weight")
 PP_DUPLICATED: tuple[str, ...] = ()  # no pipeline plan
@@ -97,7 +98,7 @@ def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpo
                            compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                            attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
                            float8=float8, float8_modules=float8_modules, check=check_layout, tp_plan=TP_PLAN,
-                           tp_optional=TP_OPTIONAL,
+                           tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT,
                            sp_input_arity=SP_INPUT_ARITY, self_attention_cores=SELF_ATTENTION_CORES)
 
 
@@ -105,4 +106,5 @@ parallelize = parallelize_wan  # the family-generic name
 
 
 SPEC = FamilySpec(name="wan", config=WanConfig, parallelize=parallelize_wan, check_layout=check_layout, knobs=KNOBS,
-                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED)
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
+                  pp_duplicated=PP_DUPLICATED)
