@@ -225,31 +225,46 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     only they train (the base weights come from ``init_from`` / ``model.pretrained``).
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
+
+    Phases: validate (before anything is built) -> take the run folder and resolve the resume -> build the module,
+    callbacks and Lightning trainer -> fit -> summarise.
     """
     import lightning as L
-    import torch
-    from lightning.pytorch.loggers import TensorBoardLogger
 
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
     from nemo_vfm.io import run_lock
-    from nemo_vfm.io.safe_load import safe_globals_for
-    from nemo_vfm.lightning import checkpointing as ckpt_files
-    from nemo_vfm.lightning.callbacks import (
-        MetricsHistory,
-        SampleVideos,
-        ScheduledGC,
-        StepProgressBar,
-        ThroughputLogger,
-    )
     from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
-    from nemo_vfm.lightning.nonfinite import NonFiniteGuard
 
-    trainer_cfg = trainer or TrainerConfig()
-    objective = objective or EDM()
-    optim = optim or OptimConfig()
-    log = log or ExperimentConfig()
-    sampling = sampling or SamplingConfig()
+    trainer_cfg, objective, optim = trainer or TrainerConfig(), objective or EDM(), optim or OptimConfig()
+    log, sampling = log or ExperimentConfig(), sampling or SamplingConfig()
+    _validate_inputs(model, data, init_from)
+    rank = int(os.environ.get("RANK", "0"))
+    lock = run_lock.acquire_run(log.dir) if run_lock.is_global_zero() else None  # one run per folder
+    try:
+        resume = _resolve_resume(model, log, lora, rank)
+        if rank == 0:
+            _write_config(log.dir, {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective,
+                                    "optim": optim, "log": log, "sampling": sampling, "ema_decay": ema_decay,
+                                    "cond_dropout": cond_dropout, "seed": seed, "init_from": init_from, "lora": lora})
+        L.seed_everything(seed, workers=True, verbose=False)
+        if getattr(data, "missing_class_samples", 0) and resume is None:
+            _write_class_samples(model, objective, data, init_from, sampling)
+        module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
+                                 lora=lora)
+        if hasattr(data, "build_encoders"):
+            module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
+                                            "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
+        callbacks, samples = _callbacks(model, data, trainer_cfg, log.dir, sampling, init_from, resume)
+        pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank)
+        _fit(pl_trainer, module, data, resume, log, rank)
+        return _summarise(pl_trainer, log.dir, trainer_cfg, samples, rank)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _validate_inputs(model, data, init_from) -> None:
     _check_pretrained(model)
     validate(model, data)
     if init_from is not None:
@@ -261,11 +276,15 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
             raise FileNotFoundError(f"init_from={init_from!r}: {e}; train the previous stage first or set "
                                     "init_from=None") from None
 
+
+def _resolve_resume(model, log: ExperimentConfig, lora, rank: int) -> Path | None:
+    """The checkpoint this run resumes from (None: a new run). Every rank picks the same one (the checks only read);
+    rank 0 moves unusable ones aside, or the earlier run with ``log.resume=false``."""
+    from nemo_vfm.lightning import checkpointing as ckpt_files
+
     exp_dir, ckpt_dir = log.dir, log.dir / "checkpoints"
-    rank = int(os.environ.get("RANK", "0"))
-    lock = run_lock.acquire_run(exp_dir) if run_lock.is_global_zero() else None  # one run per folder
     resume = None
-    if log.resume:  # every rank picks the same one (the checks only read); rank 0 moves unusable ones aside
+    if log.resume:
         resume = ckpt_files.find_resume(ckpt_dir, allow_pickle=log.allow_pickle, move=rank == 0)
         if resume is not None:  # before config.yaml is overwritten: one clear error for a changed model
             ckpt_files.check_resumable(resume, model, allow_pickle=log.allow_pickle, lora=lora)
@@ -273,49 +292,66 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         print(f"log.resume=false: moved the earlier run in {exp_dir} aside to {moved}")
     if rank == 0:
         ckpt_files.clean_stale_tmp(ckpt_dir)
-        exp_dir.mkdir(parents=True, exist_ok=True)
-        config = {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective, "optim": optim,
-                  "log": log, "sampling": sampling, "ema_decay": ema_decay, "cond_dropout": cond_dropout, "seed": seed,
-                  "init_from": init_from, "lora": lora}
-        tmp = exp_dir / f".config.yaml.tmp{os.getpid()}"  # atomic: a full disk leaves the old config.yaml whole
-        try:
-            tmp.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
-            os.replace(tmp, exp_dir / "config.yaml")
-        finally:
-            tmp.unlink(missing_ok=True)
+    return resume
 
-    L.seed_everything(seed, workers=True, verbose=False)
-    if getattr(data, "missing_class_samples", 0) and resume is None:
-        _write_class_samples(model, objective, data, init_from, sampling)
-    module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
-                             lora=lora)
-    if hasattr(data, "build_encoders"):
-        module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
-                                        "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
 
+def _write_config(exp_dir: Path, config: dict) -> None:
+    """``config.yaml``, written atomically: a full disk leaves the old one whole."""
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = exp_dir / f".config.yaml.tmp{os.getpid()}"
+    try:
+        tmp.write_text(yaml.safe_dump(_plain(config), sort_keys=False))
+        os.replace(tmp, exp_dir / "config.yaml")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling, init_from, resume) -> tuple[list, Any]:
+    """The run's callbacks, and its SampleVideos (None without previews)."""
+    from nemo_vfm.lightning import checkpointing as ckpt_files
+    from nemo_vfm.lightning.callbacks import (
+        MetricsHistory,
+        SampleVideos,
+        ScheduledGC,
+        StepProgressBar,
+        ThroughputLogger,
+    )
+    from nemo_vfm.lightning.nonfinite import NonFiniteGuard
+
+    ckpt_dir, t = exp_dir / "checkpoints", trainer_cfg
     callbacks = [
-        ckpt_files.RotatingCheckpoint(ckpt_dir, trainer_cfg.checkpoint_every_n_steps, trainer_cfg.keep_last_n_checkpoints),
-        NonFiniteGuard(trainer_cfg.nonfinite, trainer_cfg.nonfinite_max_consecutive, ckpt_dir=ckpt_dir,
-                       checkpoint_every_n_steps=trainer_cfg.checkpoint_every_n_steps),
-        ThroughputLogger(trainer_cfg.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1)), model_config=model,
+        ckpt_files.RotatingCheckpoint(ckpt_dir, t.checkpoint_every_n_steps, t.keep_last_n_checkpoints),
+        NonFiniteGuard(t.nonfinite, t.nonfinite_max_consecutive, ckpt_dir=ckpt_dir,
+                       checkpoint_every_n_steps=t.checkpoint_every_n_steps),
+        ThroughputLogger(t.log_every_n_steps, getattr(model, "patch_size", (1, 1, 1)), model_config=model,
                          out=exp_dir / "perf.jsonl"),
-        MetricsHistory(exp_dir, trainer_cfg.log_every_n_steps),
-        *trainer_cfg.callbacks,
+        MetricsHistory(exp_dir, t.log_every_n_steps),
+        *t.callbacks,
     ]
-    if trainer_cfg.gc_every_n_steps:
-        callbacks.append(ScheduledGC(trainer_cfg.gc_every_n_steps))
-    if trainer_cfg.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
-        callbacks.append(StepProgressBar(refresh_rate=trainer_cfg.log_every_n_steps))
+    if t.gc_every_n_steps:
+        callbacks.append(ScheduledGC(t.gc_every_n_steps))
+    if t.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
+        callbacks.append(StepProgressBar(refresh_rate=t.log_every_n_steps))
     samples = None
-    if sampling.enabled and hasattr(data, "build_encoders") and getattr(trainer_cfg.strategy, "pipeline_parallel", False):
+    if sampling.enabled and hasattr(data, "build_encoders") and getattr(t.strategy, "pipeline_parallel", False):
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
-                      "sample from the checkpoint with vfm generate", stacklevel=2)
+                      "sample from the checkpoint with vfm generate", stacklevel=3)
     elif sampling.enabled and hasattr(data, "build_encoders"):
         samples = SampleVideos(exp_dir, *_previews(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
         callbacks.append(samples)
     if init_from is not None and resume is None:  # a new run of a later stage: the previous stage's weights
         callbacks.append(InitFrom(init_from))
-    loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
+    return callbacks, samples
+
+
+def _lightning_trainer(trainer_cfg: TrainerConfig, callbacks: list, log: ExperimentConfig, resume, lora, rank: int):
+    """The Lightning Trainer: strategy (ours where a sharded checkpoint is resumed), processes, precision."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from nemo_vfm.lightning.checkpointing import AtomicCheckpointIO
+
     strategy = trainer_cfg.strategy
     if isinstance(strategy, str) and resume is not None and resume.is_dir():
         # a sharded folder (written under VFMParallelStrategy, e.g. by a torchrun TP2 run): Lightning's single-device
@@ -326,23 +362,29 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         if rank == 0:
             print(f"{resume.name} is a sharded checkpoint: this run uses VFMParallelStrategy instead of "
                   f"strategy={trainer_cfg.strategy!r} to resume it")
-    devices = _devices(trainer_cfg.devices, rank)
     precision = trainer_cfg.precision
-    if precision == "bf16-mixed" and not torch.cuda.is_available() and getattr(lora, "frozen_dtype", None) is None:
+    frozen_dtype = getattr(lora, "frozen_dtype", None)
+    if precision == "bf16-mixed" and not torch.cuda.is_available() and frozen_dtype is None:
         precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs (frozen bf16 weights need it)
-    if getattr(lora, "frozen_dtype", None) and "mixed" not in str(precision):
-        raise ValueError(f"lora.frozen_dtype={lora.frozen_dtype!r} keeps the frozen weights in half precision, which "
+    if frozen_dtype and "mixed" not in str(precision):
+        raise ValueError(f"lora.frozen_dtype={frozen_dtype!r} keeps the frozen weights in half precision, which "
                          f"runs under autocast only; set trainer.precision='bf16-mixed' (now {precision!r}) or "
                          "lora.frozen_dtype=None")
-    pl_trainer = L.Trainer(
-        max_steps=trainer_cfg.max_steps, devices=devices, num_nodes=trainer_cfg.num_nodes,
-        accelerator=trainer_cfg.accelerator, precision=precision, strategy=strategy,
-        accumulate_grad_batches=trainer_cfg.accumulate_grad_batches, gradient_clip_val=trainer_cfg.gradient_clip_val,
-        log_every_n_steps=trainer_cfg.log_every_n_steps, callbacks=callbacks, logger=loggers or False,
-        plugins=[ckpt_files.AtomicCheckpointIO()], enable_progress_bar=trainer_cfg.enable_progress_bar,
+    exp_dir, t = log.dir, trainer_cfg
+    loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
+    return L.Trainer(
+        max_steps=t.max_steps, devices=_devices(t.devices, rank), num_nodes=t.num_nodes, accelerator=t.accelerator,
+        precision=precision, strategy=strategy, accumulate_grad_batches=t.accumulate_grad_batches,
+        gradient_clip_val=t.gradient_clip_val, log_every_n_steps=t.log_every_n_steps, callbacks=callbacks,
+        logger=loggers or False, plugins=[AtomicCheckpointIO()], enable_progress_bar=t.enable_progress_bar,
         enable_model_summary=False, default_root_dir=str(exp_dir), limit_val_batches=0, num_sanity_val_steps=0,
         use_distributed_sampler=False,  # the data modules split samples over data-parallel ranks themselves
     )
+
+
+def _fit(pl_trainer, module, data, resume, log: ExperimentConfig, rank: int) -> None:
+    from nemo_vfm.io.safe_load import safe_globals_for
+
     if resume is not None and rank == 0:
         print(f"resuming from {resume}")
     # weights_only=True with our config classes allowed (nemo_vfm.io.safe_load); log.allow_pickle: anything
@@ -350,6 +392,12 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         pl_trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None,
                        weights_only=not log.allow_pickle)
 
+
+def _summarise(pl_trainer, exp_dir: Path, trainer_cfg: TrainerConfig, samples, rank: int) -> dict:
+    """Write the final checkpoint if the last step has none, and return (and print) the run's summary."""
+    from nemo_vfm.lightning import checkpointing as ckpt_files
+
+    ckpt_dir = exp_dir / "checkpoints"
     last = ckpt_dir / f"step={pl_trainer.global_step:08d}.ckpt"
     if not last.exists():
         pl_trainer.save_checkpoint(last, weights_only=False)  # a full checkpoint: optimizer and loops too
@@ -363,6 +411,4 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     if rank == 0:
         print("training finished: " + ", ".join(f"{k}={v}" for k, v in summary.items()
                                                if k not in ("samples", "sample_metrics")))
-    if lock is not None:  # after an error it is held until this process exits (or trains this folder again)
-        lock.release()
     return summary
