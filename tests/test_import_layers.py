@@ -137,13 +137,17 @@ def test_every_package_has_a_layer():
     assert not set(LAYER_OF) - packages, f"LAYERS names packages that no longer exist: {set(LAYER_OF) - packages}"
 
 
-def test_no_import_cycle_between_modules():
-    edges = _graph()
+def _adjacency(pairs) -> dict:
     adj = defaultdict(set)
-    for a, b in edges:
+    for a, b in pairs:
         adj[a].add(b)
         adj.setdefault(b, set())
-    cycles = _cycles(adj)
+    return adj
+
+
+def test_no_import_cycle_between_modules():
+    edges = _graph()
+    cycles = _cycles(_adjacency(edges))
     assert not cycles, "import cycles between modules:\n  " + "\n  ".join(
         _describe(c, lambda a, b: edges[a, b]) for c in cycles)
 
@@ -154,11 +158,7 @@ def test_no_import_cycle_between_packages():
     for (a, b), where in edges.items():
         if _package(a) != _package(b):
             by_pkg[_package(a), _package(b)].append(f"{a} -> {b} ({where})")
-    adj = defaultdict(set)
-    for a, b in by_pkg:
-        adj[a].add(b)
-        adj.setdefault(b, set())
-    cycles = _cycles(adj)
+    cycles = _cycles(_adjacency(by_pkg))
     assert not cycles, "import cycles between packages:\n  " + "\n  ".join(
         _describe(c, lambda a, b: "; ".join(by_pkg[a, b])) for c in cycles)
 

@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -19,24 +18,16 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def test_a_live_owner_refuses_naming_the_folder_the_pid_and_the_fix(tmp_path):
+def test_a_live_owner_refuses_naming_the_folder_the_pid_and_the_fix(tmp_path, lock_holder):
     exp = tmp_path / "a"
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from nemo_vfm.io.run_lock import acquire_run
-        acquire_run({str(exp)!r})
-        print("locked", flush=True)
-        time.sleep(60)""")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunLockedError) as e:
-            acquire_run(exp)
-        msg = str(e.value)
-        assert msg.startswith(f"{exp} is in use by pid {holder.pid} on {socket.gethostname()} (since ")
-        assert msg.endswith("wait for that run to finish, or give this run another log.name (or log.root)")
-    finally:
-        holder.kill()
-        holder.wait()
+    holder = lock_holder(exp)
+    with pytest.raises(RunLockedError) as e:
+        acquire_run(exp)
+    msg = str(e.value)
+    assert msg.startswith(f"{exp} is in use by pid {holder.pid} on {socket.gethostname()} (since ")
+    assert msg.endswith("wait for that run to finish, or give this run another log.name (or log.root)")
+    holder.kill()
+    holder.wait()
     with pytest.warns(UserWarning, match=f"taking over the lock of {exp} left by pid {holder.pid}"):
         acquire_run(exp).release()  # killed: the kernel dropped its lock
 

@@ -69,3 +69,20 @@ def test_vfm_train_forwards_to_the_launcher(tmp_path):
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 0 and "Dry run" in r.stdout, (r.stdout + r.stderr)[-2000:]
     assert subprocess.run([*vfm, "--factory", "nope"], capture_output=True, text=True, timeout=300).returncode != 0
+
+
+def test_one_process_unless_a_launcher_started_more(monkeypatch, capsys):
+    """README: `python launchers/train.py` is one process, also on a multi-GPU host (Lightning's devices="auto" would
+    start one per visible GPU); under torchrun the launcher's count is used."""
+    import torch
+
+    from nemo_vfm.train import _devices
+
+    for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert _devices("auto", rank=0) == 1
+    assert "one process on 1 of the 2 visible GPUs; to use them all: torchrun --nproc-per-node 2" in capsys.readouterr().out
+    assert _devices(4, rank=0) == 4  # an explicit count stays
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _devices("auto", rank=0) == 2 and _devices(1, rank=0) == 2

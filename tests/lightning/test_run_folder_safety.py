@@ -2,9 +2,6 @@
 cannot share a folder, and a stop names a checkpoint whose weights are finite."""
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import lightning as L
@@ -57,22 +54,14 @@ def test_metrics_are_on_disk_at_each_checkpoint(tmp_path):
     assert [r["step"] for r in stop.rows] == [1, 2, 3, 4] and all("loss" in r for r in stop.rows)
 
 
-def test_a_second_run_in_the_same_folder_is_refused_while_the_first_runs(tmp_path):
+def test_a_second_run_in_the_same_folder_is_refused_while_the_first_runs(tmp_path, lock_holder):
     exp = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from nemo_vfm.io.run_lock import acquire_run
-        acquire_run({str(exp)!r})
-        print("locked", flush=True)
-        time.sleep(60)""")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunLockedError, match=f"{exp} is in use by pid {holder.pid} .*another log.name"):
-            _train(tmp_path, 2)
-        assert not exp.exists()  # nothing written
-    finally:
-        holder.kill()
-        holder.wait()
+    holder = lock_holder(exp)
+    with pytest.raises(RunLockedError, match=f"{exp} is in use by pid {holder.pid} .*another log.name"):
+        _train(tmp_path, 2)
+    assert not exp.exists()  # nothing written
+    holder.kill()
+    holder.wait()
     with pytest.warns(UserWarning, match="taking over the lock"):
         assert _train(tmp_path, 2)["step"] == 2
     assert not (tmp_path / ".run.lock").exists()  # released at the end
