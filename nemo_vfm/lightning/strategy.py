@@ -44,6 +44,7 @@ Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_
 """
 
 import math
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -85,6 +86,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         microbatches: int | None = None,
         fsdp: bool = True,
         fsdp_reshard_after_forward: bool = True,
+        overlap_grad_reduce: bool = True,
         data_parallel_replicate_size: int = 1,
         expert_model_parallel_size: int = 1,
         activation_checkpointing: str = "none",
@@ -135,6 +137,9 @@ class VFMParallelStrategy(ModelParallelStrategy):
             factorized_cp=factorized_context_parallel,  # ST-DiT: "hybrid" (all-to-all + ring) or "ring"
             float8=float8, float8_modules=float8_modules,  # FP8 linears in the blocks (torchao)
         )
+        self.overlap_grad_reduce = overlap_grad_reduce  # plain DP: bucketed all-reduce during backward
+        self._grad_reducer = None  # nemo_vfm.parallel.grad_reduce.GradReducer, where it applies (setup)
+        self._accumulating = False  # inside block_backward_sync: a micro-batch that only accumulates
         self.dims: ParallelDims | None = None
         self.parallel_mesh = None
         self.pipeline = None  # the PipelineRunner of this rank's stages, under pipeline parallelism
@@ -239,7 +244,18 @@ class VFMParallelStrategy(ModelParallelStrategy):
             self.pipeline = PipelineRunner(list(module.model), self._stage_ids, self.parallel_mesh,
                                            device=self.root_device, pp_duplicated=self.spec.pp_duplicated)
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
+        self._setup_grad_reducer(module.model)
         self._install_clipping()
+
+    def _setup_grad_reducer(self, net) -> None:
+        """Plain data parallel (no FSDP, TP or PP) with ``overlap_grad_reduce``: average the gradients over the
+        data-parallel x CP ranks in buckets while backward runs (``nemo_vfm.parallel.grad_reduce``)."""
+        dims = self.dims
+        if (self.overlap_grad_reduce and not dims.fsdp and dims.tp == 1 and not self.pipeline_parallel
+                and self.parallel_mesh.size("dp_cp") > 1 and self._grad_reducer is None):
+            from nemo_vfm.parallel.grad_reduce import GradReducer
+
+            self._grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"))
 
     def streams_weights(self, model_config) -> bool:
         """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed
@@ -334,13 +350,36 @@ class VFMParallelStrategy(ModelParallelStrategy):
         _record_stream(batch, compute)  # the allocator must not reuse these blocks before the step has used them
         return batch
 
+    def teardown(self) -> None:
+        if self._grad_reducer is not None:  # its hooks and process group go before the group is destroyed
+            self._grad_reducer.remove()
+            self._grad_reducer = None
+        super().teardown()
+
+    @contextmanager
+    def block_backward_sync(self):
+        """Lightning wraps the micro-batches that only accumulate (``accumulate_grad_batches > 1``) in this: their
+        backward leaves gradients local; the last micro-batch's completes them once."""
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
+
     def backward(self, closure_loss, optimizer, *args, **kwargs):
         from nemo_vfm.parallel.grads import sync_grads
 
         if self.pipeline is not None:
             return self._pipeline_backward(closure_loss)
+        reducer = self._grad_reducer
+        if reducer is not None:
+            reducer.enabled = not self._accumulating
         out = super().backward(closure_loss, optimizer, *args, **kwargs)
-        sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.spec.tp_partial)
+        if not self._accumulating:
+            if reducer is not None:
+                reducer.finish()
+            sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.spec.tp_partial,
+                       reduce_dp=reducer is None)
         return out
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None):

@@ -71,10 +71,12 @@ def sync_grads(
     tp_partial: tuple[str, ...] = (),
     pp_duplicated: tuple[str, ...] = (),
     fsdp: bool | None = None,
+    reduce_dp: bool = True,
 ) -> None:
     """Reduce gradients as described in the module docstring (call after backward, before step).
 
-    ``tp_partial`` / ``pp_duplicated``: fnmatch patterns of parameter names.
+    ``tp_partial`` / ``pp_duplicated``: fnmatch patterns of parameter names. ``reduce_dp=False``: the data-parallel
+    average is done already (``nemo_vfm.parallel.grad_reduce.GradReducer``, during backward).
     """
     dims = pmesh.dims
     fsdp = dims.fsdp if fsdp is None else fsdp
@@ -99,7 +101,7 @@ def sync_grads(
         for _, p in named:
             if is_expert_param(p):
                 _local(p.grad).div_(dims.ep)
-    if not fsdp and pmesh.size("dp_cp") > 1:
+    if reduce_dp and not fsdp and pmesh.size("dp_cp") > 1:
         n = pmesh.size("dp_cp")
         grads = [_local(p.grad) for _, p in named]
         _all_reduce_flat(grads, pmesh.group("dp_cp"), dist.ReduceOp.SUM)
