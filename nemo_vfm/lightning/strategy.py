@@ -140,6 +140,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         self.overlap_grad_reduce = overlap_grad_reduce  # plain DP: bucketed all-reduce during backward
         self._grad_reducer = None  # nemo_vfm.parallel.grad_reduce.GradReducer, where it applies (setup)
         self._accumulating = False  # inside block_backward_sync: a micro-batch that only accumulates
+        self._host_group = None  # gloo group of every rank, on CUDA (None: the default group is gloo)
         self.dims: ParallelDims | None = None
         self.parallel_mesh = None
         self.pipeline = None  # the PipelineRunner of this rank's stages, under pipeline parallelism
@@ -193,6 +194,8 @@ class VFMParallelStrategy(ModelParallelStrategy):
         if self.pipeline_parallel:
             self._check_pipeline_support(cfg)
         self._setup_distributed()
+        if self.root_device.type != "cpu" and world > 1:  # a host-side group for rank 0's SIGTERM (see setup)
+            self._host_group = torch.distributed.new_group(backend="gloo")
         self._resolve_device_knobs()
         self.parallel_mesh = build_mesh(self.dims, self.root_device.type)
         self._device_mesh = self.parallel_mesh.world
@@ -246,6 +249,10 @@ class VFMParallelStrategy(ModelParallelStrategy):
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
         self._setup_grad_reducer(module.model)
         self._install_clipping()
+        if self.world_size > 1:
+            from nemo_vfm.lightning.sigterm import install_host_sigterm_check
+
+            install_host_sigterm_check(trainer, self._host_group)  # no per-step GPU sync (nemo_vfm.lightning.sigterm)
 
     def _setup_grad_reducer(self, net) -> None:
         """Plain data parallel (no FSDP, TP or PP) with ``overlap_grad_reduce``: average the gradients over the
