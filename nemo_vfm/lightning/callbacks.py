@@ -15,20 +15,27 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 
 
-def tokens_per_sample(latents: torch.Tensor, patch_size) -> int:
+def patch_grid(latents: torch.Tensor, patch_size) -> tuple[int, int, int]:
+    """The ``(t, h, w)`` patch grid of latents ``(B, C, T, H, W)``."""
     _, _, T, H, W = latents.shape
     pt, ph, pw = patch_size
-    return (T // pt) * (H // ph) * (W // pw)
+    return T // pt, H // ph, W // pw
+
+
+def tokens_per_sample(latents: torch.Tensor, patch_size) -> int:
+    return math.prod(patch_grid(latents, patch_size))
 
 
 class ThroughputLogger(L.Callback):
-    """Every ``every_n_steps``: a step log line (loss, samples/s, tokens/s per GPU, step time and, for the
-    DiT family on a GPU, model TFLOP/s per GPU, MFU and peak memory), logged as ``perf/*`` metrics too.
+    """Every ``every_n_steps``: a step log line (loss, samples/s, tokens/s per GPU, step time and, on a GPU, model
+    TFLOP/s per GPU, MFU and peak memory), logged as ``perf/*`` metrics too.
 
     Time is measured between optimizer steps (data loading included) over the whole interval; the GPU is
     synchronised only at log steps, so the hot loop never waits for the host. FLOPs are the analytic model
-    FLOPs of :mod:`nemo_vfm.models.flops` (3x forward, recomputation not counted), divided by the ranks that
+    FLOPs of ``model_config``'s family (its spec's ``flops``, through :func:`nemo_vfm.models.flops.train_step_flops`:
+    3x forward, recomputation not counted; none for a config of no declared family), divided by the ranks that
     share one sample (TP x CP x PP) so that the figure is per GPU; MFU is against the device's dense bf16 peak.
+    ``patch_size``: the model's ``(pt, ph, pw)`` (every family's config has ``patch_size``).
     With ``out``, each log line is also appended to that JSON-lines file (``perf.jsonl``: what ``bench/``
     reads from a ``launchers/train.py`` run).
     """
@@ -63,8 +70,9 @@ class ThroughputLogger(L.Callback):
         key = (tuple(lat.shape), None if context is None else context.shape[1])
         if key not in self._flops_by_shape:  # computed once per batch shape
             text = [key[1]] * lat.shape[0] if context is not None else None
+            grid = patch_grid(lat, self.patch_size)
             self._flops_by_shape[key] = train_step_flops(
-                self.model_config, [tokens_per_sample(lat, self.patch_size)] * lat.shape[0], text) or 0.0
+                self.model_config, [math.prod(grid)] * lat.shape[0], text, [grid] * lat.shape[0]) or 0.0
         return self._flops_by_shape[key]
 
     def _packed_flops(self, batch) -> float:
@@ -74,7 +82,8 @@ class ThroughputLogger(L.Callback):
             return 0.0
         seq = batch.seq_lens.tolist()
         text = (batch.cu_seqlens_text[1:] - batch.cu_seqlens_text[:-1]).tolist()
-        return train_step_flops(self.model_config, seq, text) or 0.0
+        grids = (batch.latent_shapes[:, 1:].cpu() // torch.tensor(batch.patch_size)).tolist()  # (G, 3) patch grids
+        return train_step_flops(self.model_config, seq, text, grids) or 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         packed = hasattr(batch, "cu_seqlens")

@@ -34,7 +34,10 @@ class FamilySpec:
     ``check_layout(cfg, dims, latent_thw, **layout_knobs)`` reads. ``tp_plan``: block-relative module path ->
     style; ``tp_optional``: plan paths a block may lack (e.g. I2V-only layers); ``tp_partial`` /
     ``pp_duplicated``: parameter-name patterns whose gradients are summed over TP / PP; ``token_split``: the block
-    arguments that context / sequence parallelism split (:class:`TokenSplit`). ``build_pipeline_stages``
+    arguments that context / sequence parallelism split (:class:`TokenSplit`). ``flops(cfg, seq_lens, text_lens,
+    grids)``: the analytic forward FLOPs (a :class:`~nemo_vfm.models.common.flops.FlopBreakdown`) of samples of
+    ``seq_lens`` video tokens, ``text_lens`` text tokens and ``(t, h, w)`` patch ``grids`` (the last two may be
+    None where the family does not need them); the step log's TFLOP/s and MFU. ``build_pipeline_stages``
     and ``set_stage_grid``: None for a family without pipeline stages."""
 
     name: str
@@ -45,6 +48,7 @@ class FamilySpec:
     layout_knobs: frozenset[str] = frozenset()
     tp_plan: dict[str, str]
     token_split: TokenSplit
+    flops: Callable
     tp_optional: frozenset[str] = frozenset()
     tp_partial: tuple[str, ...] = ()
     pp_duplicated: tuple[str, ...] = ()

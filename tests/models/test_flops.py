@@ -1,11 +1,134 @@
-"""The analytic FLOP counter against hand counts."""
+"""The analytic FLOP counters: hand counts, and for every family the exact FLOPs that
+``torch.utils.flop_counter.FlopCounterMode`` measures on a real forward of the network.
+
+FlopCounterMode counts matmuls, convolutions and attention, and nothing else (no norms, softmax, activations,
+RoPE, modulation or bias arithmetic): exactly what the counters count, so the comparison is exact. Attention
+runs through SDPA's math backend here, which FlopCounterMode sees as ``bmm`` (the CPU flash kernel has no
+formula), so ``bmm``/``baddbmm`` is the attention and everything else the linear part.
+"""
+
+import json
+from types import SimpleNamespace
 
 import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
+from nemo_vfm.models.common.moe import MoEConfig
 from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
-from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops
+from nemo_vfm.models.families import _table, family_spec
+from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops, train_step_flops
+from nemo_vfm.models.moviegen.flavors import moviegen_config
+from nemo_vfm.models.stdit.flavors import stdit_config
+from nemo_vfm.models.wan.flavors import wan_config
+
+B = 2
 
 
+def measured(net, *args, **kwargs) -> tuple[int, int]:
+    """``(linear, attention)`` FLOPs that FlopCounterMode sees in one forward of ``net``."""
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        net(*args, **kwargs)
+    counts = {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+    attention = counts.pop("aten.bmm", 0) + counts.pop("aten.baddbmm", 0)
+    return sum(counts.values()), attention
+
+
+def assert_counted(cfg, args: tuple, kwargs: dict, grid, text_len: int | None):
+    torch.manual_seed(0)
+    net = cfg.build().eval()
+    got = family_spec(cfg).flops(cfg, [grid[0] * grid[1] * grid[2]] * B, None if text_len is None else [text_len] * B,
+                                 [grid] * B)
+    assert (got.linear, got.attention) == measured(net, *args, **kwargs)
+    assert got.attention > 0 and got.linear > 0
+
+
+def _inputs(channels: int, latent=(3, 8, 4), text: tuple[int, int] | None = None):
+    x = torch.randn(B, channels, *latent)
+    if text is None:
+        return (x, torch.rand(B)), {}
+    mask = torch.ones(B, text[0], dtype=bool)
+    mask[0, -2:] = False  # a masked cross-attention counts the same
+    return (x, torch.rand(B)), {"context": torch.randn(B, *text), "context_mask": mask}
+
+
+GRID = (3, 4, 2)  # latent (3, 8, 4) in (1, 2, 2) patches: t != h * w, so mixing up the frame axis would show
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(context_dim=32, adaln_lora_rank=8, mlp="swiglu", fps_embed=True),
+    dict(context_dim=None, num_classes=10, learned_sigma=True, pos_embed="sincos3d",
+         moe=MoEConfig(num_experts=4, expert_ffn_size=32, capacity_factor=1.5, num_shared_experts=1, every=2)),
+], ids=["cross-lora-swiglu-fps", "classes-moe"])
+def test_dit_count_equals_the_measured_forward(overrides):
+    cfg = dit_config("tiny", in_channels=4, **overrides)
+    args, kwargs = _inputs(4, text=(5, 32) if cfg.context_dim else None)
+    if cfg.fps_embed:
+        kwargs["fps"] = torch.full((B,), 24.0)
+    if cfg.num_classes:
+        kwargs["class_labels"] = torch.tensor([1, 10])
+    assert_counted(cfg, args, kwargs, GRID, 5 if cfg.context_dim else None)
+
+
+@pytest.mark.parametrize("overrides", [dict(context_dim=32), dict(context_dim=None, adaln_lora_rank=8, mlp="swiglu")],
+                         ids=["cross-full", "lora-swiglu"])
+def test_stdit_count_equals_the_measured_forward(overrides):
+    cfg = stdit_config("tiny", in_channels=4, **overrides)  # block 1 also runs full attention
+    args, kwargs = _inputs(4, text=(5, 32) if cfg.context_dim else None)
+    assert_counted(cfg, args, kwargs, GRID, 5 if cfg.context_dim else None)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(context_dim=32),
+    dict(context_dim=None, fps_embed=True, moe=MoEConfig(num_experts=4, expert_ffn_size=32, routing="top_k", top_k=2)),
+], ids=["gqa-cross", "moe-top-k-fps"])
+def test_moviegen_count_equals_the_measured_forward(overrides):
+    cfg = moviegen_config("tiny", in_channels=4, **overrides)  # 4 query heads, 2 key/value heads
+    args, kwargs = _inputs(4, text=(5, 32) if cfg.context_dim else None)
+    if cfg.fps_embed:
+        kwargs["fps"] = torch.full((B,), 24.0)
+    assert_counted(cfg, args, kwargs, GRID, 5 if cfg.context_dim else None)
+
+
+def test_wan_t2v_count_equals_the_measured_forward():
+    """7 prompt tokens: the network pads them to text_len (16) and attends to all 16, which is what is counted."""
+    cfg = wan_config("tiny")
+    assert cfg.text_len == 16
+    args, kwargs = _inputs(4, text=(7, 16))
+    assert_counted(cfg, args, kwargs, GRID, 7)
+
+
+def test_wan_i2v_counts_the_image_tokens():
+    cfg = wan_config("tiny", in_channels=8, image_dim=24, image_len=5)
+    args, kwargs = _inputs(4, text=(7, 16))
+    kwargs.update(cond_latents=torch.randn(B, 4, 3, 8, 4), image_embeds=torch.randn(B, 5, 24))
+    assert_counted(cfg, args, kwargs, GRID, 7)
+    t2v = family_spec(cfg).flops(wan_config("tiny"), [24], [7])
+    assert family_spec(cfg).flops(cfg, [24], [7]).forward > t2v.forward
+
+
+def test_every_family_reports_and_an_unknown_config_does_not():
+    configs = [dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny")]
+    assert {family_spec(c).name for c in configs} == {s.name for s in _table()}
+    for cfg in configs:
+        fwd = family_spec(cfg).flops(cfg, [24, 24], [5, 5], [GRID, GRID])
+        assert train_step_flops(cfg, [24, 24], [5, 5], [GRID, GRID]) == 3 * fwd.forward > 0
+    assert train_step_flops(object(), [24], [5]) is None
+
+
+def test_input_errors_name_the_fix():
+    with pytest.raises(ValueError, match="pass grids"):
+        train_step_flops(stdit_config("tiny"), [24], [5])
+    with pytest.raises(ValueError, match=r"t \* h \* w == seq_len"):
+        train_step_flops(stdit_config("tiny"), [24], [5], [(2, 4, 4)])
+    with pytest.raises(ValueError, match="truncate the prompt encoding to 16 tokens"):
+        train_step_flops(wan_config("tiny"), [24], [17])
+    with pytest.raises(ValueError, match="text_lens"):
+        train_step_flops(moviegen_config("tiny"), [24])
+
+
+# -- the DiT counter by hand ----------------------------------------------------------------------------
 def test_dit_xl2_matches_the_paper():
     """DiT-XL/2 at 256 px: the DiT paper's 118.6 GFLOPs are multiply-adds, i.e. 237.2 GFLOPs."""
     f = dit_forward_flops(original_dit_config("xl"), [256])
@@ -50,3 +173,54 @@ def test_errors_and_peak():
     assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert peak_tflops("cpu") is None
     assert mfu(989e12, 2.0, 989.0) == pytest.approx(0.5)
+
+
+# -- the step log -----------------------------------------------------------------------------------------
+def _log_one_step(cfg, batch, device, out):
+    """One optimizer step through :class:`ThroughputLogger` with a stand-in trainer; the callback is returned."""
+    from nemo_vfm.lightning.callbacks import ThroughputLogger
+
+    logged = {}
+    module = SimpleNamespace(device=torch.device(device), log_dict=lambda stats, **kw: logged.update(stats))
+    trainer = SimpleNamespace(global_step=1, max_steps=1, global_rank=0, strategy=SimpleNamespace())
+    cb = ThroughputLogger(1, cfg.patch_size, model_config=cfg, out=out)
+    cb.on_train_start(trainer, module)
+    cb.on_train_batch_start(trainer, module, batch, 0)
+    cb.on_train_batch_end(trainer, module, {"loss": torch.tensor(0.5)}, batch, 0)
+    return cb, logged
+
+
+def test_the_step_log_counts_a_wan_step_as_the_network_computes_it(tmp_path):
+    """Wan's tokens come from its config's patch size and its text from ``batch['context']`` (padded to text_len
+    by the network): the step's FLOPs are 3x what a real forward of the network on that batch measures."""
+    cfg = wan_config("tiny")
+    (x, t), kwargs = _inputs(4, text=(7, 16))
+    cb, logged = _log_one_step(cfg, {"latents": x, **kwargs}, "cpu", tmp_path / "perf.jsonl")
+    (flops,) = cb._flops_by_shape.values()
+    assert flops == 3 * sum(measured(cfg.build().eval(), x, t, **kwargs))
+    row = json.loads((tmp_path / "perf.jsonl").read_text())
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(B * 24 / (row["step_time_s"]), rel=1e-6)
+    assert "model_tflops_per_gpu" not in row  # TFLOP/s and MFU are GPU figures
+
+
+def test_the_step_log_gives_packed_stdit_segments_their_grids():
+    from nemo_vfm.lightning.callbacks import ThroughputLogger
+
+    cfg = stdit_config("tiny", in_channels=4, context_dim=32)
+    packed = SimpleNamespace(seq_lens=torch.tensor([24, 16]), cu_seqlens_text=torch.tensor([0, 5, 8]),
+                             latent_shapes=torch.tensor([[4, 3, 8, 4], [4, 1, 8, 8]]), patch_size=(1, 2, 2))
+    want = 3 * sum(f.forward for f in [
+        family_spec(cfg).flops(cfg, [24], [5], [(3, 4, 2)]), family_spec(cfg).flops(cfg, [16], [3], [(1, 4, 4)])])
+    assert ThroughputLogger(1, cfg.patch_size, model_config=cfg)._packed_flops(packed) == want
+
+
+@pytest.mark.gpu
+def test_a_wan_step_on_a_gpu_logs_model_tflops_and_mfu(tmp_path):
+    cfg = wan_config("tiny")
+    (x, _), kwargs = _inputs(4, text=(7, 16))
+    batch = {"latents": x.cuda(), **{k: v.cuda() for k, v in kwargs.items()}}
+    _, logged = _log_one_step(cfg, batch, "cuda", tmp_path / "perf.jsonl")
+    row = json.loads((tmp_path / "perf.jsonl").read_text())
+    assert row["model_tflops_per_gpu"] > 0 and logged["perf/model_tflops_per_gpu"] == row["model_tflops_per_gpu"]
+    if peak_tflops(torch.cuda.get_device_name()):
+        assert row["mfu"] == pytest.approx(row["model_tflops_per_gpu"] / peak_tflops(torch.cuda.get_device_name()))

@@ -9,34 +9,24 @@ S = t*h*w video tokens, L text tokens, D hidden size.
     context (B, L, D_text), context_mask (B, L) --> cross-attention keys/values
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from nemo_vfm.models.common.adaln import AdaLNModulation, FinalLayer, SharedAdaLN, modulate
+from nemo_vfm.models.common.adaln import AdaLNModulation, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SelfAttention
-from nemo_vfm.models.common.embeddings import (
-    LabelEmbedder,
-    PatchEmbed3D,
-    RoPE3D,
-    TimestepEmbedder,
-    build_model,
-    embed_conditions,
-    sincos_pos_embed_2d,
-    sincos_pos_embed_3d,
-    unpatchify,
-)
+from nemo_vfm.models.common.embeddings import build_model
 from nemo_vfm.models.common.mlp import build_mlp
 from nemo_vfm.models.common.moe import MoE, MoEConfig
-from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
+from nemo_vfm.models.common.packed import segment_gather
+from nemo_vfm.models.common.stem import DiTStem, StemConfig
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "sincos2d", "none")
 
 
 @dataclass(kw_only=True)
-class DiTConfig:
+class DiTConfig(StemConfig):
     """Architecture of a :class:`DiT`. ``flavors.py`` holds the named sizes."""
 
     num_layers: int = 28
@@ -80,14 +70,6 @@ class DiTConfig:
     def build(self, device: str | torch.device | None = None) -> "DiT":
         """The network for this config (see :func:`build_dit`)."""
         return build_dit(self, device)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def out_channels(self) -> int:
-        return self.in_channels * (2 if self.learned_sigma else 1)
 
     @property
     def ffn_size(self) -> int:
@@ -134,85 +116,28 @@ class DiTBlock(nn.Module):
         self.adaln.init_weights()
 
 
-class DiT(nn.Module):
-    """The network: predicts from noisy latents. Preconditioning and losses live in ``nemo_vfm.diffusion``."""
+class DiT(DiTStem):
+    """The network: predicts from noisy latents. ``forward`` and the stem (patch embedding, conditioning,
+    final layer) are in ``models/common/stem.py``; preconditioning and losses live in ``nemo_vfm.diffusion``."""
+
+    display_name = "DiT"
 
     def __init__(self, cfg: DiTConfig):
-        super().__init__()
-        self.cfg = cfg
-        d = cfg.hidden_size
-        self.patch_embed = PatchEmbed3D(cfg.in_channels, d, cfg.patch_size)
-        self.t_embedder = TimestepEmbedder(d, scale=cfg.timestep_scale)
-        self.fps_embedder = TimestepEmbedder(d) if cfg.fps_embed else None
-        self.y_embedder = LabelEmbedder(cfg.num_classes, d) if cfg.num_classes > 0 else None
-        self.shared_adaln = SharedAdaLN(d) if cfg.adaln_lora_rank > 0 else None
-        self.rope = RoPE3D(cfg.head_dim, cfg.rope_theta, cfg.rope_base_fps) if cfg.pos_embed == "rope3d" else None
-        self.blocks = nn.ModuleList(DiTBlock(cfg, i) for i in range(cfg.num_layers))
-        self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps)
+        super().__init__(cfg, lambda i: DiTBlock(cfg, i))
 
-    # -- pieces, so that pipeline/context parallelism can call them separately ------------------------
-    def condition(self, timesteps: torch.Tensor, class_labels=None, fps=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(B,)`` timesteps [+ labels, fps] -> ``c (B, D)`` and the AdaLN-LoRA shared ``(B, 3D)`` (or None)."""
-        c = embed_conditions(self, timesteps, class_labels, fps)
-        return c, (self.shared_adaln(c) if self.shared_adaln is not None else None)
-
-    def positions(self, grid: tuple[int, int, int], fps=None, device=None):
-        """``(rope tables or None, additive pos embedding (S, D) or None)`` for a patch grid."""
-        if self.cfg.pos_embed == "rope3d":
-            return self.rope(grid, fps, device=device), None
-        if self.cfg.pos_embed == "sincos3d":
-            return None, sincos_pos_embed_3d(self.cfg.hidden_size, grid, device)
-        if self.cfg.pos_embed == "sincos2d":
-            return None, sincos_pos_embed_2d(self.cfg.hidden_size, grid, device)
-        return None, None
-
-    def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
-                context_mask: torch.Tensor | None = None, class_labels: torch.Tensor | None = None,
-                fps: torch.Tensor | None = None, packed=None) -> torch.Tensor:
-        if packed is not None:
-            return self.forward_packed(x, timesteps, context, class_labels, fps, packed)
-        B, C, T, H, W = x.shape
-        grid = self.patch_embed.grid(T, H, W)
-        if self.cfg.context_dim is not None and context is None:
-            raise ValueError("this DiT has cross-attention (context_dim set): pass context (B, L, context_dim)")
-        tokens = self.patch_embed(x)  # (B, S, D)
-        rope, pos = self.positions(grid, fps, device=x.device)
-        if pos is not None:
-            tokens = tokens + pos.to(tokens.dtype)
-        c, shared = self.condition(timesteps, class_labels, fps)
+    def forward_tokens(self, tokens, grid, timesteps, context, context_mask, class_labels, fps):
+        """Patch tokens ``(B, S, D)`` -> ``(tokens (B, S, D), c (B, D))``: positions, conditioning, blocks."""
+        tokens, rope, c, shared = self.embed(tokens, grid, timesteps, class_labels, fps)
         for block in self.blocks:
             tokens = block(tokens, c, rope, context, context_mask, shared)
-        out = self.final_layer(tokens, c)  # (B, S, pt*ph*pw*C_out)
-        return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
+        return tokens, c
 
-    def forward_packed(self, tokens: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None,
-                       class_labels: torch.Tensor | None, fps: torch.Tensor | None, packed) -> torch.Tensor:
-        """Packed THD input (see ``models/common/packed.py``): patch tokens ``(N, pt*ph*pw*C)`` of G segments,
-        timesteps/fps/labels per segment ``(G,)`` (or per token ``(N,)``, constant within a segment), text
-        ``(M, D_text)``; ``packed`` is a ``PackedBatch`` or ``PackedSeqs``. Returns ``(N, pt*ph*pw*C_out)``
-        (with ``learned_sigma``: the mean's ``pt*ph*pw*C`` features first, then the variance's)."""
-        ps, x, rope, timesteps, class_labels, fps = packed_front(self, tokens, timesteps, class_labels, fps, context,
-                                                                 packed)
+    def forward_tokens_packed(self, x, ps, packed, rope, ctx, timesteps, class_labels, fps):
+        """Packed tokens ``(1, N, D)`` -> ``(tokens (1, N, D), c (G, D))`` (see :meth:`forward_packed`)."""
         c, shared = self.condition(timesteps, class_labels, fps)  # (G, D)
-        ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, c, rope, ctx, ps.cross_attn, shared, ps.self_attn, seg_ids=ps.seg_ids)
-        return packed_output(self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0], self.cfg)
-
-    @torch.no_grad()
-    def init_weights(self):
-        """All initialisation in one place (call after materialising a meta-device model)."""
-        for m in (self.patch_embed, self.t_embedder, self.final_layer, *self.blocks):
-            m.init_weights()
-        if self.fps_embedder is not None:
-            self.fps_embedder.init_weights()
-        if self.y_embedder is not None:
-            self.y_embedder.init_weights()
-        if self.shared_adaln is not None:
-            self.shared_adaln.init_weights()
-
-    def num_params(self, exclude_embeddings: bool = False) -> int:
-        return sum(p.numel() for n, p in self.named_parameters() if not (exclude_embeddings and "embedder" in n))
+        return x, c
 
 
 def build_dit(cfg: DiTConfig, device: str | torch.device | None = None) -> DiT:

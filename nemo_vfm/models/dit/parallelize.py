@@ -4,19 +4,8 @@ Order (torchtitan's): tensor/sequence parallel -> context parallel -> activation
 compile -> FSDP. The model code stays single-device; everything here works through module paths,
 forward hooks and the attention ``core`` attribute.
 
-Token flow under CP (c = cp rank) and SP (t = tp rank), S = t*h*w video tokens::
-
-    patch embed (all S tokens, every rank) --split cp, then tp--> blocks on S/(cp*tp) tokens
-    attention / MLP: all-gather over tp -> S/cp tokens -> (ring | all-to-all over cp) -> reduce-scatter
-    final layer (local tokens) --gather tp, then cp--> unpatchify (all tokens)
-
-S that does not divide cp*tp(sp) is padded to the next multiple at the end: the CP cores cut the pad keys
-(``valid_len``: no mask, so flash/cuDNN kernels still run; under SP alone a key mask hides them from real
-queries), pad tokens get identity RoPE and are dropped on the gather, so they change neither the output
-nor the gradients. Packed THD batches (``seg_ids`` given) are
-cut into contiguous slices the same way (segments may straddle ranks; the packer pads N to a multiple of
-cp*tp(sp)): per-token modulation follows each local token's segment id, the CP cores get the slice's
-self-attention segment ids, and cross-attention gets a mask of the CP-local queries against the whole text.
+The token split under CP / SP lives in ``token_parallel.py``, the pipeline-stage copies in
+``pipeline_stages.py``; the names other modules import stay importable from here.
 
 Gradient bookkeeping: the final gather hands each CP rank ``cp x`` its slice of the gradient and
 the data-parallel mean over ``dp x cp`` turns that into the sum; parameters replicated over TP
@@ -26,15 +15,13 @@ every pipeline stage runs are summed over PP (``PP_DUPLICATED``). See ``nemo_vfm
 
 from __future__ import annotations
 
-import copy
-import inspect
-from dataclasses import dataclass
-
-import torch
 from torch import nn
 
-from nemo_vfm.models.common.packed import PackedAttention
+from nemo_vfm.models.dit.flops import dit_forward_flops
 from nemo_vfm.models.dit.model import DiTConfig
+from nemo_vfm.models.dit.pipeline_stages import copy_stage as copy_stage
+from nemo_vfm.models.dit.pipeline_stages import make_stage, set_stage_grid, stage_layers
+from nemo_vfm.models.dit.token_parallel import TOKEN_SPLIT, _install_token_hooks, _TokenParallel
 from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -60,7 +47,7 @@ SP_INPUT_ARITY = {"attn": 3, "cross_attn": 3, "mlp": 1}  # positional inputs; on
 SELF_ATTENTION_CORES = ("attn.core",)  # replaced under CP; cross-attention sees all text on every rank
 TP_PARTIAL = ("blocks.*.q_norm.weight", "blocks.*.k_norm.weight")  # per-head norms shared by local heads
 PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln.*")  # every stage has them
-TOKEN_SPLIT = TokenSplit(per_token_cond=("c", "shared_adaln"))  # the block arguments CP / SP rewrite
+# TOKEN_SPLIT (the block arguments CP / SP rewrite) is defined in token_parallel.py
 # Block paths that are mixture-of-experts layers when the config has ``moe``: no TP on them (their experts are
 # split by expert parallelism, the router and shared experts are replicated), and under SP they keep their local
 # tokens (no gather); their routing sees the whole sequence through the CP/SP groups.
@@ -81,189 +68,6 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         tokens = (t // pt) * (h // ph) * (w // pw)
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=dims.pp == 1)
     check_moe(cfg, dims)
-
-
-KEEP = object()  # a block argument that passes through unchanged
-
-
-@dataclass
-class _ForwardViews:
-    """What one forward's blocks see of the split token stream; built at block 0, reused by the rest.
-
-    ``num_tokens``: S (or packed N) before padding; ``pad``: tokens appended so that S + pad divides
-    cp*tp(sp); ``core_seg (1, (S+pad)/cp)``: self-attention segment ids for the CP cores (None = no
-    mask); ``core_valid_len``: the CP cores' keys are the first S tokens (padding cut, not masked);
-    ``core_packed``: the whole stream's self-attention (all-to-all cores run it with varlen kernels);
-    ``attn_mask`` / ``context_mask``: what the blocks get instead of theirs (``KEEP`` = theirs);
-    ``seg_local (S_local,)``: the packed segment of each local token.
-    """
-
-    num_tokens: int
-    pad: int = 0
-    core_seg: torch.Tensor | None = None
-    core_valid_len: int | None = None
-    core_packed: PackedAttention | None = None
-    attn_mask: object = KEEP
-    context_mask: object = KEEP
-    seg_local: torch.Tensor | None = None
-
-
-class _TokenParallel:
-    """Splits/gathers the token stream over CP (and TP under SP) via forward hooks.
-
-    Unpacked: a sequence that does not divide cp*tp(sp) is padded (``pad=True``) with tokens that real
-    tokens never attend to, and the pad is dropped on the gather.
-    Packed (``seg_ids`` given): the THD stream is cut into contiguous slices (segments may straddle
-    ranks); each rank gets its tokens' segment ids, self-attention segment ids for its CP cores and
-    a cross-attention mask of its queries against the whole text.
-    """
-
-    def __init__(self, pmesh: ParallelMesh, pad: bool = False, plan: TokenSplit = TOKEN_SPLIT):
-        self.plan = plan
-        d = pmesh.dims
-        self.cp, self.split_size, self.pad = d.cp, d.token_split, pad
-        self.cp_group = pmesh.group("cp") if d.cp > 1 else None
-        self.cp_rank = pmesh.rank("cp") if d.cp > 1 else 0
-        self.sp_group = pmesh.group("tp") if d.sequence_parallel else None
-        self.sp, self.sp_rank = (d.tp, pmesh.rank("tp")) if d.sequence_parallel else (1, 0)
-        self.views: _ForwardViews | None = None
-
-    def _padding(self, n: int) -> int:
-        pad = -n % self.split_size
-        if pad and not self.pad:
-            raise ValueError(f"{n} tokens are not divisible by cp*tp(sp) = {self.split_size}; choose a latent size "
-                             f"whose token count divides it ({n + pad} tokens) or change cp/tp.")
-        return pad
-
-    def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """This rank's slice of ``x`` along ``dim`` (zero-padded to a multiple of cp*tp(sp) first)."""
-        pad = self._padding(x.shape[dim])
-        if pad:
-            x = torch.cat([x, x.new_zeros(x.shape[:dim] + (pad,) + x.shape[dim + 1:])], dim)
-        if self.cp_group is not None:
-            x = cpl.split_tokens(x, dim, self.cp_group)
-        if self.sp_group is not None:
-            x = cpl.split_tokens(x, dim, self.sp_group)
-        return x
-
-    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        if self.sp_group is not None:
-            x = cpl.gather_tokens(x, dim, self.sp_group)
-        if self.cp_group is not None:
-            x = cpl.gather_tokens(x, dim, self.cp_group, grad_scale=float(self.cp))
-        if self.views is not None and self.views.pad:
-            x = x.narrow(dim, 0, self.views.num_tokens)
-        return x
-
-    def valid_local(self, n_local: int, device) -> torch.Tensor | None:
-        """Which of this rank's ``n_local`` (CP x SP-local) tokens are real, not padding (None = all)."""
-        v = self.views
-        if v is None or not v.pad:
-            return None
-        start = (self.cp_rank * self.sp + self.sp_rank) * n_local
-        return torch.arange(start, start + n_local, device=device) < v.num_tokens
-
-    def _local(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        """This rank's slice of an index tensor (no autograd)."""
-        return t.chunk(self.cp, dim)[self.cp_rank].chunk(self.sp, dim)[self.sp_rank]
-
-    def rope(self, rope):
-        """RoPE tables ``(1 or B, S, Dh/2)`` for the tokens attention sees here: padded (identity rotation),
-        then this CP rank's slice (attention runs on all SP ranks' tokens)."""
-        if rope is None:
-            return rope
-        cos, sin = rope
-        pad = self._padding(cos.shape[1])
-        if pad:
-            extra = cos.shape[:1] + (pad,) + cos.shape[2:]
-            cos, sin = torch.cat([cos, cos.new_ones(extra)], 1), torch.cat([sin, sin.new_zeros(extra)], 1)
-        if self.cp_group is None:
-            return cos, sin
-        n = cos.shape[1] // self.cp
-        return cos.narrow(1, self.cp_rank * n, n), sin.narrow(1, self.cp_rank * n, n)
-
-    def _padded_views(self, x: torch.Tensor) -> _ForwardViews:
-        n = x.shape[1]
-        pad = self._padding(n)
-        if not pad:
-            return _ForwardViews(n)
-        if self.cp_group is not None:  # the CP cores cut the trailing pad keys (unmasked kernels stay usable)
-            return _ForwardViews(n, pad, core_valid_len=n)
-        seg = torch.cat([x.new_zeros(n, dtype=torch.long), x.new_ones(pad, dtype=torch.long)])  # pad: segment 1
-        # SP alone: attention sees all tokens; real queries must not see pad keys (pad queries may see anything:
-        # nothing real depends on them), so an O(S) key mask does
-        return _ForwardViews(n, pad, attn_mask=(seg == 0)[None, None, None, :])
-
-    def _packed_views(self, a: dict) -> _ForwardViews:
-        n = a[self.plan.tokens[0]].shape[1]
-        if n % self.split_size:
-            raise ValueError(f"a packed batch of {n} tokens does not divide into cp*tp(sp) = {self.split_size} slices; "
-                             f"pad samples to a multiple of {self.split_size} (EnergonDataModule / "
-                             f"pack_samples pad_to_multiple).")
-        seg_local = self._local(a["seg_ids"])
-        if self.cp_group is None:  # SP only: attention gathers all tokens, the full masks apply
-            return _ForwardViews(n, seg_local=seg_local)
-        self_attn, cross = a.get("attn_mask"), a.get("context_mask")
-        if not isinstance(self_attn, PackedAttention):
-            raise NotImplementedError(
-                "packed batches under context parallelism need a PackedAttention self-attention mask, got "
-                f"{type(self_attn).__name__}: ST-DiT's CP splits whole frames of one grid and switches layouts by "
-                "all-to-all, which packed segments of different grids do not have; train packed ST-DiT batches "
-                "with TP/SP/FSDP, or unpacked batches with CP.")
-        lo = self.cp_rank * (n // self.cp)
-        hi = lo + n // self.cp
-        local_cross = cross.restrict_queries(lo, hi) if isinstance(cross, PackedAttention) else KEEP
-        return _ForwardViews(n, core_seg=self_attn.seg_q[lo:hi][None], core_packed=self_attn, attn_mask=None,
-                             context_mask=local_cross, seg_local=seg_local)
-
-    def block_args(self, sig: inspect.Signature, args, kwargs, first: bool, block: nn.Module | None = None):
-        plan = self.plan
-        bound = sig.bind(*args, **kwargs)
-        a = bound.arguments
-        packed = plan.seg_ids is not None and a.get(plan.seg_ids) is not None
-        if first:
-            self.views = self._packed_views(a) if packed else self._padded_views(a[plan.tokens[0]])
-            for name in plan.tokens:
-                a[name] = self.split(a[name])
-        v = self.views
-        for name in plan.per_token_cond:
-            if a.get(name) is not None and a[name].dim() == 3:
-                a[name] = self.split(a[name])
-        if plan.rope is not None and plan.rope in a:
-            a[plan.rope] = self.rope(a[plan.rope])
-        for name in plan.masks:
-            if getattr(v, name) is not KEEP:
-                a[name] = getattr(v, name)
-        if packed:
-            a[plan.seg_ids] = v.seg_local
-        if block is not None:
-            for m in block.modules():
-                if isinstance(m, cpl.ContextParallelCore):
-                    m.segment_ids, m.valid_len, m.packed = v.core_seg, v.core_valid_len, v.core_packed
-        return bound.args, bound.kwargs
-
-
-def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
-    blocks = list(model.blocks)
-    sig = inspect.signature(blocks[0].forward)
-    missing = [n for n in tok.plan.names() if n not in sig.parameters]
-    if missing:  # a renamed block argument would otherwise stop being split, silently
-        raise ValueError(f"the token-split plan names block argument(s) {missing}, which "
-                         f"{type(blocks[0]).__name__}.forward does not take (it takes {list(sig.parameters)}); fix "
-                         "the family's TokenSplit")
-
-    def pre(first):
-        return lambda mod, args, kwargs: tok.block_args(sig, args, kwargs, first, mod)
-
-    for i, block in enumerate(blocks):
-        block.register_forward_pre_hook(pre(i == 0), with_kwargs=True)
-
-    def final_pre(mod, args):
-        x, c = args[0], args[1]
-        return (x, tok.split(c) if c.dim() == 3 else c) + tuple(args[2:])
-
-    model.final_layer.register_forward_pre_hook(final_pre)
-    model.final_layer.register_forward_hook(lambda mod, args, out: tok.gather(out))
 
 
 def _moe_layers(block: nn.Module) -> list:
@@ -370,69 +174,10 @@ def parallelize_dit(
     return model
 
 
-# -- pipeline stages ---------------------------------------------------------------------------------
 parallelize = parallelize_dit  # the family-generic name VFMParallelStrategy looks up
 
 
-def stage_layers(num_layers: int, num_stages: int) -> list[list[int]]:
-    """Contiguous, equal split of block indices over stages."""
-    per = num_layers // num_stages
-    return [list(range(s * per, (s + 1) * per)) for s in range(num_stages)]
-
-
-def copy_stage(model: nn.Module, layers: list[int], drop: tuple[str, ...] = ()) -> nn.Module:
-    """A deep copy of ``model`` whose blocks outside ``layers`` are ``Identity`` and whose attributes
-    ``drop`` are None; what is dropped is never copied, so cutting a stage costs one stage of memory."""
-    keep = set(layers)
-    memo = {id(b): nn.Identity() for i, b in enumerate(model.blocks) if i not in keep}
-    memo.update({id(getattr(model, name)): None for name in drop if getattr(model, name) is not None})
-    return copy.deepcopy(model, memo)
-
-
-def make_stage(model: nn.Module, layers: list[int], first: bool, last: bool, tok: _TokenParallel) -> nn.Module:
-    """A copy of ``model`` that keeps only ``layers`` (other blocks become ``Identity``), the patch
-    embedding on the first stage, the final layer on the last, and the conditioning embedders on
-    every stage; parameter names are those of the full model, so checkpoints move between layouts.
-
-    Its forward: ``(x or tokens, timesteps, context=None, context_mask=None, class_labels=None,
-    fps=None) -> tokens (B, S_local, D)`` or, on the last stage, the output (B, C_out, T, H, W).
-    The latent grid ``(T, H, W)`` is set with :func:`set_stage_grid` before each step.
-    """
-    stage = copy_stage(model, layers, drop=(() if first else ("patch_embed",)) + (() if last else ("final_layer",)))
-    stage._pp = {"first": first, "last": last, "layers": list(layers), "tok": tok, "grid": None}
-    stage.forward = _stage_forward.__get__(stage)
-    return stage
-
-
-def set_stage_grid(stage: nn.Module, latent_thw: tuple[int, int, int]) -> None:
-    stage._pp["grid"] = tuple(latent_thw)
-
-
-def _stage_forward(self, x, timesteps, context=None, context_mask=None, class_labels=None, fps=None):
-    pp = self._pp
-    tok: _TokenParallel = pp["tok"]
-    T, H, W = pp["grid"]
-    grid = (T // self.cfg.patch_size[0], H // self.cfg.patch_size[1], W // self.cfg.patch_size[2])
-    rope, pos = self.positions(grid, fps, device=x.device)
-    if pp["first"]:
-        tokens = self.patch_embed(x)
-        if pos is not None:
-            tokens = tokens + pos.to(tokens.dtype)
-        tokens = tok.split(tokens)
-    else:
-        tokens = x
-    c, shared = self.condition(timesteps, class_labels, fps)
-    rope = tok.rope(rope)
-    for i in pp["layers"]:
-        tokens = self.blocks[i](tokens, c, rope, context, context_mask, shared)
-    if not pp["last"]:
-        return tokens
-    from nemo_vfm.models.common.embeddings import unpatchify
-
-    out = tok.gather(self.final_layer(tokens, c))
-    return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
-
-
+# -- pipeline stages ---------------------------------------------------------------------------------
 def build_pipeline_stages(
     model: nn.Module, pmesh: ParallelMesh, **parallelize_kwargs
 ) -> tuple[list[nn.Module], list[int]]:
@@ -464,4 +209,5 @@ KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "fuse_qkv"
 TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn" or k.startswith("mlp."))
 SPEC = FamilySpec(name="dit", config=DiTConfig, parallelize=parallelize_dit, check_layout=check_layout, knobs=KNOBS,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)
+                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,
+                  set_stage_grid=set_stage_grid, flops=dit_forward_flops)

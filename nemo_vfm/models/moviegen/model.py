@@ -18,30 +18,23 @@ Legend: B batch, C latent channels, T/H/W latent size, (t, h, w) patch grid, S =
 (t-major), L text tokens, D hidden, Hn query heads, Hkv key/value heads, Dh head dim.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_vfm.models.common.adaln import FinalLayer, modulate
-from nemo_vfm.models.common.attention import CrossAttention, SDPACore
-from nemo_vfm.models.common.embeddings import (
-    LabelEmbedder,
-    PatchEmbed3D,
-    TimestepEmbedder,
-    build_model,
-    embed_conditions,
-    unpatchify,
-)
+from nemo_vfm.models.common.adaln import modulate
+from nemo_vfm.models.common.attention import CrossAttention, SDPACore, SelfAttention
+from nemo_vfm.models.common.embeddings import build_model, embed_conditions
 from nemo_vfm.models.common.mlp import SwiGLU
 from nemo_vfm.models.common.moe import MoE, MoEConfig
-from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
+from nemo_vfm.models.common.packed import segment_gather
+from nemo_vfm.models.common.stem import StemConfig, VideoStem, condition_embedders, final_layer
 
 
 @dataclass(kw_only=True)
-class MovieGenConfig:
+class MovieGenConfig(StemConfig):
     """Architecture of a :class:`MovieGen` network. ``flavors.py`` holds the named sizes."""
 
     num_layers: int = 16
@@ -82,14 +75,6 @@ class MovieGenConfig:
         """The network (``device='meta'`` builds without allocating; call ``init_weights()`` after ``to_empty``)."""
         return build_model(MovieGen, self, device)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def out_channels(self) -> int:
-        return self.in_channels * (2 if self.learned_sigma else 1)
-
 
 class GQAttention(nn.Module):
     """Self-attention with ``Hkv`` key/value heads shared by groups of ``Hn / Hkv`` query heads.
@@ -123,12 +108,7 @@ class GQAttention(nn.Module):
         out = self.core(q, k, v, mask)
         return self.proj(out.transpose(1, 2).flatten(2))
 
-    def init_weights(self):
-        for lin in (self.q, self.k, self.v, self.proj):
-            nn.init.xavier_uniform_(lin.weight)
-        for norm in (self.q_norm, self.k_norm):
-            if isinstance(norm, nn.RMSNorm):
-                nn.init.ones_(norm.weight)
+    init_weights = SelfAttention.init_weights  # the same projections (bias-free here) and QK norms
 
 
 class MovieGenBlock(nn.Module):
@@ -168,22 +148,20 @@ class MovieGenBlock(nn.Module):
             nn.init.zeros_(self.cross_attn.proj.weight)  # starts silent, as in PixArt-alpha
 
 
-class MovieGen(nn.Module):
+class MovieGen(VideoStem):
     """``forward(x (B, C, T, H, W), timesteps (B,), context, context_mask, class_labels, fps)`` ->
-    ``(B, C_out, T, H, W)``; the same contract as the DiT."""
+    ``(B, C_out, T, H, W)``; the same contract and stem as the DiT (``models/common/stem.py``)."""
+
+    display_name = "MovieGen"
 
     def __init__(self, cfg: MovieGenConfig):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         d = cfg.hidden_size
-        self.patch_embed = PatchEmbed3D(cfg.in_channels, d, cfg.patch_size)
         self.pos_t, self.pos_h, self.pos_w = (nn.Parameter(torch.empty(n, d)) for n in cfg.max_grid)
-        self.t_embedder = TimestepEmbedder(d, scale=cfg.timestep_scale)
-        self.fps_embedder = TimestepEmbedder(d) if cfg.fps_embed else None
-        self.y_embedder = LabelEmbedder(cfg.num_classes, d) if cfg.num_classes > 0 else None
+        self.t_embedder, self.fps_embedder, self.y_embedder = condition_embedders(cfg)
         self.t_block = nn.Linear(d, 6 * d)  # adaLN-single: shared by all blocks
         self.blocks = nn.ModuleList(MovieGenBlock(cfg, i) for i in range(cfg.num_layers))
-        self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps, norm="rms")
+        self.final_layer = final_layer(cfg, norm="rms")
 
     def positions(self, pos_ids: torch.Tensor) -> torch.Tensor:
         """Factorized learnable embedding ``(N, D)`` of ``(t, h, w)`` patch positions ``(N, 3)``."""
@@ -202,47 +180,26 @@ class MovieGen(nn.Module):
         c = embed_conditions(self, timesteps, class_labels, fps)
         return c, self.t_block(F.silu(c))
 
-    def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
-                context_mask: torch.Tensor | None = None, class_labels: torch.Tensor | None = None,
-                fps: torch.Tensor | None = None, packed=None) -> torch.Tensor:
-        if packed is not None:
-            return self.forward_packed(x, timesteps, context, class_labels, fps, packed)
-        B, C, T, H, W = x.shape
-        grid = self.patch_embed.grid(T, H, W)
-        if self.cfg.context_dim is not None and context is None:
-            raise ValueError("this MovieGen has cross-attention (context_dim set): pass context (B, L, context_dim)")
-        tokens = self.patch_embed(x)
-        tokens = tokens + self.grid_positions(grid, x.device).to(tokens.dtype)
+    def forward_tokens(self, tokens, grid, timesteps, context, context_mask, class_labels, fps):
+        """Patch tokens ``(B, S, D)`` -> ``(tokens (B, S, D), c (B, D))``: positions, conditioning, blocks."""
+        tokens = tokens + self.grid_positions(grid, tokens.device).to(tokens.dtype)
         c, mod = self.condition(timesteps, class_labels, fps)
         for block in self.blocks:
             tokens = block(tokens, mod, context, context_mask)
-        out = self.final_layer(tokens, c)
-        return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
+        return tokens, c
 
-    def forward_packed(self, tokens: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None,
-                       class_labels: torch.Tensor | None, fps: torch.Tensor | None, packed) -> torch.Tensor:
-        """Packed THD input: patch tokens ``(N, pt*ph*pw*C)`` of G segments, timesteps/fps/labels ``(G,)``
-        or ``(N,)``, text ``(M, D_text)``; ``packed`` a ``PackedBatch``/``PackedSeqs`` -> ``(N, pt*ph*pw*C_out)``."""
-        ps, x, _, timesteps, class_labels, fps = packed_front(self, tokens, timesteps, class_labels, fps, context,
-                                                              packed)
+    def forward_tokens_packed(self, x, ps, packed, rope, ctx, timesteps, class_labels, fps):
+        """Packed tokens ``(1, N, D)`` -> ``(tokens (1, N, D), c (G, D))`` (see :meth:`forward_packed`)."""
         x = x + self.positions(ps.pos_ids.long())[None].to(x.dtype)  # learnable factorized 3D positions
         c, mod = self.condition(timesteps, class_labels, fps)  # (G, D), (G, 6D)
-        ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, mod, ctx, ps.cross_attn, ps.self_attn, seg_ids=ps.seg_ids)
-        return packed_output(self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0], self.cfg)
+        return x, c
 
     @torch.no_grad()
     def init_weights(self):
-        for m in (self.patch_embed, self.t_embedder, self.final_layer, *self.blocks):
-            m.init_weights()
-        for m in (self.fps_embedder, self.y_embedder):
-            if m is not None:
-                m.init_weights()
+        super().init_weights()
         for p in (self.pos_t, self.pos_h, self.pos_w):
             nn.init.normal_(p, std=0.02)
         nn.init.zeros_(self.t_block.weight)
         nn.init.zeros_(self.t_block.bias)
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())

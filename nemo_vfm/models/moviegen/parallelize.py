@@ -27,6 +27,7 @@ from nemo_vfm.models.dit.parallelize import (
     parallelize_dit,
     stage_layers,
 )
+from nemo_vfm.models.moviegen.flops import moviegen_forward_flops
 from nemo_vfm.models.moviegen.model import MovieGenConfig
 from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.parallel.dims import ParallelDims
@@ -120,4 +121,5 @@ def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_k
 
 SPEC = FamilySpec(name="moviegen", config=MovieGenConfig, parallelize=parallelize_moviegen, check_layout=check_layout,
                   knobs=DIT_KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages, set_stage_grid=set_stage_grid)
+                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,
+                  set_stage_grid=set_stage_grid, flops=moviegen_forward_flops)

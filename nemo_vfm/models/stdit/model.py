@@ -19,34 +19,25 @@ for the context-parallel versions (all-to-all for temporal, nothing for spatial,
 positions along its own axes.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_vfm.models.common.adaln import AdaLNModulation, FinalLayer, SharedAdaLN, modulate
+from nemo_vfm.models.common.adaln import AdaLNModulation, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SelfAttention
-from nemo_vfm.models.common.embeddings import (
-    LabelEmbedder,
-    PatchEmbed3D,
-    RoPE3D,
-    TimestepEmbedder,
-    build_model,
-    embed_conditions,
-    sincos_pos_embed_3d,
-    unpatchify,
-)
+from nemo_vfm.models.common.embeddings import build_model
 from nemo_vfm.models.common.mlp import build_mlp
-from nemo_vfm.models.common.packed import packed_front, packed_output, segment_gather
+from nemo_vfm.models.common.packed import segment_gather
+from nemo_vfm.models.common.stem import DiTStem, StemConfig
 
 POS_EMBEDDINGS = ("rope3d", "sincos3d", "none")
 AXES = ("spatial", "temporal")
 
 
 @dataclass(kw_only=True)
-class STDiTConfig:
+class STDiTConfig(StemConfig):
     """Architecture of an :class:`STDiT`. ``flavors.py`` holds the named sizes."""
 
     num_layers: int = 28
@@ -97,14 +88,6 @@ class STDiTConfig:
     def build(self, device: str | torch.device | None = None) -> "STDiT":
         """The network (``device='meta'`` builds without allocating; call ``init_weights()`` after ``to_empty``)."""
         return build_model(STDiT, self, device)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def out_channels(self) -> int:
-        return self.in_channels * (2 if self.learned_sigma else 1)
 
     def has_full_attn(self, layer: int) -> bool:
         return self.full_attn_every > 0 and (layer + 1) % self.full_attn_every == 0
@@ -224,71 +207,31 @@ class STDiTBlock(nn.Module):
             self.cross_attn.init_weights()
 
 
-class STDiT(nn.Module):
+class STDiT(DiTStem):
     """The network: ``forward(x (B, C, T, H, W), timesteps (B,), context, context_mask, class_labels, fps)``
-    -> ``(B, C_out, T, H, W)``. Same contract as :class:`~nemo_vfm.models.dit.model.DiT`."""
+    -> ``(B, C_out, T, H, W)``. Same contract and stem as :class:`~nemo_vfm.models.dit.model.DiT`
+    (``models/common/stem.py``)."""
+
+    display_name = "ST-DiT"
 
     def __init__(self, cfg: STDiTConfig):
-        super().__init__()
-        self.cfg = cfg
-        d = cfg.hidden_size
-        self.patch_embed = PatchEmbed3D(cfg.in_channels, d, cfg.patch_size)
-        self.t_embedder = TimestepEmbedder(d, scale=cfg.timestep_scale)
-        self.fps_embedder = TimestepEmbedder(d) if cfg.fps_embed else None
-        self.y_embedder = LabelEmbedder(cfg.num_classes, d) if cfg.num_classes > 0 else None
-        self.shared_adaln = SharedAdaLN(d) if cfg.adaln_lora_rank > 0 else None
-        self.rope = RoPE3D(cfg.head_dim, cfg.rope_theta, cfg.rope_base_fps) if cfg.pos_embed == "rope3d" else None
-        self.blocks = nn.ModuleList(STDiTBlock(cfg, cfg.has_full_attn(i)) for i in range(cfg.num_layers))
-        self.final_layer = FinalLayer(cfg.hidden_size, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps)
+        super().__init__(cfg, lambda i: STDiTBlock(cfg, cfg.has_full_attn(i)))
 
-    def condition(self, timesteps, class_labels=None, fps=None):
-        """``(B,)`` timesteps [+ labels, fps] -> ``c (B, D)`` and the AdaLN-LoRA shared ``(B, 3D)`` (or None)."""
-        c = embed_conditions(self, timesteps, class_labels, fps)
-        return c, (self.shared_adaln(c) if self.shared_adaln is not None else None)
-
-    def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
-                context_mask: torch.Tensor | None = None, class_labels: torch.Tensor | None = None,
-                fps: torch.Tensor | None = None, packed=None) -> torch.Tensor:
-        if packed is not None:
-            return self.forward_packed(x, timesteps, context, class_labels, fps, packed)
-        B, C, T, H, W = x.shape
-        grid = self.patch_embed.grid(T, H, W)
-        if self.cfg.context_dim is not None and context is None:
-            raise ValueError("this ST-DiT has cross-attention (context_dim set): pass context (B, L, context_dim)")
-        tokens = self.patch_embed(x)  # (B, S, D)
-        rope = self.rope(grid, fps, device=x.device) if self.rope is not None else None
-        if self.cfg.pos_embed == "sincos3d":
-            tokens = tokens + sincos_pos_embed_3d(self.cfg.hidden_size, grid, x.device).to(tokens.dtype)
-        c, shared = self.condition(timesteps, class_labels, fps)
+    def forward_tokens(self, tokens, grid, timesteps, context, context_mask, class_labels, fps):
+        """Patch tokens ``(B, S, D)`` -> ``(tokens (B, S, D), c (B, D))``: positions, conditioning, blocks."""
+        tokens, rope, c, shared = self.embed(tokens, grid, timesteps, class_labels, fps)
         hw = grid[1] * grid[2]
         for block in self.blocks:
             tokens = block(tokens, c, hw, rope, context, context_mask, shared)
-        out = self.final_layer(tokens, c)
-        return unpatchify(out, grid, self.cfg.patch_size, self.cfg.out_channels)
+        return tokens, c
 
-    def forward_packed(self, tokens: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None,
-                       class_labels: torch.Tensor | None, fps: torch.Tensor | None, packed) -> torch.Tensor:
-        """Packed THD input, as :meth:`DiT.forward_packed`: patch tokens ``(N, pt*ph*pw*C)`` of G segments,
-        timesteps/fps/labels ``(G,)`` or ``(N,)``, text ``(M, D_text)`` -> ``(N, pt*ph*pw*C_out)``."""
+    def forward_tokens_packed(self, x, ps, packed, rope, ctx, timesteps, class_labels, fps):
+        """Packed tokens ``(1, N, D)`` -> ``(tokens (1, N, D), c (G, D))``, each factorized attention
+        restricted to its segments' frames (spatial) or locations (temporal)."""
         from nemo_vfm.models.stdit.packed import factorized_masks
 
-        ps, x, rope, timesteps, class_labels, fps = packed_front(self, tokens, timesteps, class_labels, fps, context,
-                                                                 packed)
         masks = {**factorized_masks(ps, packed), "full": ps.self_attn}
         c, shared = self.condition(timesteps, class_labels, fps)  # (G, D)
-        ctx = None if context is None else context[None]
         for block in self.blocks:
             x = block(x, c, 1, rope, ctx, ps.cross_attn, shared, masks, seg_ids=ps.seg_ids)
-        return packed_output(self.final_layer(x, segment_gather(c, ps.seg_ids)[None])[0], self.cfg)
-
-    @torch.no_grad()
-    def init_weights(self):
-        """All initialisation in one place (adaLN-Zero: every block and the final layer start at zero)."""
-        for m in (self.patch_embed, self.t_embedder, self.final_layer, *self.blocks):
-            m.init_weights()
-        for m in (self.fps_embedder, self.y_embedder, self.shared_adaln):
-            if m is not None:
-                m.init_weights()
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        return x, c

@@ -20,6 +20,7 @@ from torch import nn
 from nemo_vfm.models.dit.parallelize import KNOBS as DIT_KNOBS
 from nemo_vfm.models.dit.parallelize import TOKEN_SPLIT, _install_token_hooks, _TokenParallel
 from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.stdit.flops import stdit_forward_flops
 from nemo_vfm.models.stdit.model import STDiTConfig
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -127,4 +128,4 @@ parallelize = parallelize_stdit  # the family-generic name
 SPEC = FamilySpec(name="stdit", config=STDiTConfig, parallelize=parallelize_stdit, check_layout=check_layout,
                   knobs=(DIT_KNOBS - {"fuse_qkv"}) | {"factorized_cp"}, layout_knobs=frozenset({"factorized_cp"}),
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED)
+                  pp_duplicated=PP_DUPLICATED, flops=stdit_forward_flops)

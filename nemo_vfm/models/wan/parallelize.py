@@ -22,6 +22,7 @@ from torch import nn
 
 from nemo_vfm.models.dit.parallelize import KNOBS, parallelize_dit
 from nemo_vfm.models.spec import FamilySpec, TokenSplit
+from nemo_vfm.models.wan.flops import wan_forward_flops
 from nemo_vfm.models.wan.model import WanConfig, WanRMSNorm
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -107,4 +108,4 @@ parallelize = parallelize_wan  # the family-generic name
 
 SPEC = FamilySpec(name="wan", config=WanConfig, parallelize=parallelize_wan, check_layout=check_layout, knobs=KNOBS,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED)
+                  pp_duplicated=PP_DUPLICATED, flops=wan_forward_flops)
