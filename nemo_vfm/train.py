@@ -238,7 +238,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
     trainer_cfg, objective, optim = trainer or TrainerConfig(), objective or EDM(), optim or OptimConfig()
     log, sampling = log or ExperimentConfig(), sampling or SamplingConfig()
-    _validate_inputs(model, data, init_from)
+    _validate_inputs(model, data, init_from, objective)
     rank = int(os.environ.get("RANK", "0"))
     lock = run_lock.acquire_run(log.dir) if run_lock.is_global_zero() else None  # one run per folder
     try:
@@ -264,8 +264,20 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
             lock.release()
 
 
-def _validate_inputs(model, data, init_from) -> None:
+def _check_expert(model, objective) -> None:
+    """A two-expert model (Wan 2.2 A14B) trains the expert its weights come from on that expert's time range."""
+    mine, theirs = getattr(model, "expert", None), getattr(objective, "expert", None)
+    if mine is not None and theirs is not None and mine != theirs:
+        raise ValueError(f"model.expert={mine!r} loads the {mine}-noise expert but objective.expert={theirs!r} draws "
+                         f"the {theirs}-noise times; set both alike (recipes: finetune.with_expert(recipe, {mine!r}))")
+    if mine is not None and theirs is None and objective is not None:
+        raise ValueError(f"model.expert={mine!r} needs an objective restricted to that expert's times "
+                         f"(ExpertFlowMatching with expert={mine!r}); {type(objective).__name__} draws all of them")
+
+
+def _validate_inputs(model, data, init_from, objective) -> None:
     _check_pretrained(model)
+    _check_expert(model, objective)
     validate(model, data)
     if init_from is not None:
         from nemo_vfm.inference.checkpoint import resolve_checkpoint

@@ -1,4 +1,4 @@
-"""Fine-tuning recipes: Wan 2.1 full and LoRA fine-tuning, and DreamBooth (our DiT and Wan).
+"""Fine-tuning recipes: Wan 2.1 and 2.2 full and LoRA fine-tuning, and DreamBooth (our DiT and Wan).
 
 Every recipe starts from pretrained weights: Wan recipes read a Wan folder (diffusers or original
 layout) through ``model.pretrained=PATH``; DiT recipes read one of our checkpoints through
@@ -19,11 +19,18 @@ Python::
     from nemo_vfm_recipes import finetune
     recipe = finetune.with_lora(finetune.finetune_wan_1_3b(), rank=64)
     recipe.model.pretrained = "/models/Wan2.1-T2V-1.3B-Diffusers"
+
+Wan 2.2: TI2V-5B trains text-to-video and (a share ``objective.image_prob`` of the samples) text-image-to-video
+with a clean first frame, on latents of the Wan 2.2 VAE (``vfm prepare tokenizer=wan2_2``). An A14B model is two
+experts; a run trains one (``model.expert`` picks its weights, ``objective.expert`` its time range; set both, or
+``with_expert(recipe, "low")``). GPU speed and memory of the Wan 2.2 recipes are not measured yet.
 """
 
 import nemo_run as run
 
 from nemo_vfm.data.dreambooth import DreamBoothDataModule
+from nemo_vfm.diffusion.experts import ExpertFlowMatching
+from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
 from nemo_vfm.diffusion.flow_matching import FlowMatching
 from nemo_vfm.inference.generate import SamplingConfig
 from nemo_vfm.lightning.module import OptimConfig
@@ -40,17 +47,39 @@ from nemo_vfm_recipes.data import energon_datamodule
 WAN_LORA_TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
                     "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
 # Where the published weights are expected unless model.pretrained says otherwise
-WAN_WEIGHTS = {"t2v_1_3b": "checkpoints/Wan2.1-T2V-1.3B-Diffusers", "t2v_14b": "checkpoints/Wan2.1-T2V-14B-Diffusers"}
+WAN_WEIGHTS = {"t2v_1_3b": "checkpoints/Wan2.1-T2V-1.3B-Diffusers", "t2v_14b": "checkpoints/Wan2.1-T2V-14B-Diffusers",
+               "ti2v_5b": "checkpoints/Wan2.2-TI2V-5B-Diffusers", "t2v_a14b": "checkpoints/Wan2.2-T2V-A14B-Diffusers",
+               "i2v_a14b": "checkpoints/Wan2.2-I2V-A14B-Diffusers"}
+# Prepared data: Wan 2.1 VAE latents (Wan 2.1, Wan 2.2 A14B) or Wan 2.2 VAE latents (TI2V-5B: 48 channels, 4x16x16)
+WAN_DATA = {"ti2v_5b": "data/wan2_2_prepared"}
 
 
-def wan_model(flavor: str, pretrained: str | None = None) -> run.Config[WanConfig]:
-    """A Wan flavor that loads ``pretrained`` (a Wan folder, either layout) when built."""
-    return run.Config(WanConfig, **WAN_FLAVORS[flavor], pretrained=pretrained or WAN_WEIGHTS.get(flavor))
+def wan_model(flavor: str, pretrained: str | None = None, expert: str | None = None) -> run.Config[WanConfig]:
+    """A Wan flavor that loads ``pretrained`` (a Wan folder, either layout; ``expert`` of a two-expert one) when built."""
+    return run.Config(WanConfig, **WAN_FLAVORS[flavor], pretrained=pretrained or WAN_WEIGHTS.get(flavor), expert=expert)
 
 
-def wan_objective(flavor: str) -> run.Config[FlowMatching]:
-    """Wan's training objective: rectified flow, uniform times shifted by the flavor's shift."""
-    return run.Config(FlowMatching, shift=WAN_SAMPLING[flavor]["shift"], time_sampling="uniform")
+def wan_objective(flavor: str, expert: str | None = None) -> run.Config[FlowMatching]:
+    """Wan's training objective: rectified flow, uniform times shifted by the flavor's shift; Wan 2.2 TI2V: with a
+    clean first frame on half of the samples; one A14B expert: times of its range only."""
+    kw = dict(shift=WAN_SAMPLING[flavor]["shift"], time_sampling="uniform")
+    if flavor == "ti2v_5b":
+        return run.Config(FirstFrameFlowMatching, **kw, patch_size=(1, 2, 2), image_prob=0.5)
+    if expert is not None:
+        return run.Config(ExpertFlowMatching, **kw, expert=expert, boundary=WAN_SAMPLING[flavor]["boundary"])
+    return run.Config(FlowMatching, **kw)
+
+
+def with_expert(recipe: run.Partial, expert: str) -> run.Partial:
+    """Train the ``"high"`` or ``"low"`` noise expert of a Wan 2.2 A14B recipe: its weights and its time range."""
+    if expert == "both":
+        raise NotImplementedError("training both Wan 2.2 A14B experts in one run is not implemented; run the recipe "
+                                  "once per expert: with_expert(recipe, 'high') and with_expert(recipe, 'low')")
+    if expert not in ("high", "low"):
+        raise ValueError(f"expert must be 'high' or 'low', got {expert!r}")
+    recipe.model.expert = expert
+    recipe.objective.expert = expert
+    return recipe
 
 
 def with_lora(recipe: run.Partial, rank: int = 32, alpha: float | None = None, dropout: float = 0.0,
@@ -65,15 +94,16 @@ def with_lora(recipe: run.Partial, rank: int = 32, alpha: float | None = None, d
     return recipe
 
 
-def _finetune_wan(flavor: str, name: str) -> run.Partial:
+def _finetune_wan(flavor: str, name: str, expert: str | None = None) -> run.Partial:
     return run.Partial(
         train,
-        model=wan_model(flavor),
+        model=wan_model(flavor, expert=expert),
         # `vfm prepare tokenizer=wan text_encoder=umt5 ...` output: Wan VAE latents + UMT5 states, bucketed
-        data=energon_datamodule(path="data/wan_prepared", micro_batch_size=1, patch_size=(1, 2, 2)),
+        data=energon_datamodule(path=WAN_DATA.get(flavor, "data/wan_prepared"), micro_batch_size=1,
+                                patch_size=(1, 2, 2)),
         trainer=run.Config(TrainerConfig, max_steps=2000, precision="bf16-mixed", log_every_n_steps=10,
                            checkpoint_every_n_steps=250, gradient_clip_val=1.0),
-        objective=wan_objective(flavor),
+        objective=wan_objective(flavor, expert),
         optim=run.Config(OptimConfig, lr=1e-5, weight_decay=0.0, warmup_steps=50, betas=(0.9, 0.999)),
         log=run.Config(ExperimentConfig, name=name, root="experiments"),
         sampling=run.Config(SamplingConfig, enabled=False, sampler="unipc", num_steps=50, guidance=5.0),
@@ -129,6 +159,70 @@ def lora_wan_14b() -> run.Partial:
     recipe = with_lora(_finetune_wan("t2v_14b", "lora_wan_14b"), rank=32, targets=WAN_LORA_TARGETS,
                        frozen_dtype="bf16")
     return parallel.with_fsdp(recipe, activation_checkpointing="save_attention")
+
+
+@run.cli.factory(target=train)
+def finetune_wan2_2_ti2v_5b() -> run.Partial:
+    """Full fine-tuning of Wan2.2-TI2V-5B (one network; half of the samples image-conditioned by their clean first
+    latent frame, ``objective.image_prob``) on Wan 2.2 VAE latents (``vfm prepare tokenizer=wan2_2``): FSDP2 over
+    the GPUs given, full activation checkpointing. GPU speed and memory not yet measured.
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan2_2_ti2v_5b --yes model.pretrained=DIR``
+    Python: ``recipe = finetune.finetune_wan2_2_ti2v_5b(); recipe.objective.image_prob = 0.3``
+    """
+    return parallel.with_fsdp(_finetune_wan("ti2v_5b", "finetune_wan2_2_ti2v_5b"), activation_checkpointing="full")
+
+
+@run.cli.factory(target=train)
+def lora_wan2_2_ti2v_5b() -> run.Partial:
+    """LoRA (rank 32) on the attention and MLP linears of Wan2.2-TI2V-5B, text- and image-to-video samples mixed
+    (``objective.image_prob``); compiled blocks, activation checkpointing ``"save_attention"``, one GPU (the layout
+    of ``lora_wan_1_3b``; GPU speed and memory not yet measured).
+    CLI: ``python launchers/train.py --factory lora_wan2_2_ti2v_5b --yes model.pretrained=DIR data.path=PREPARED``
+    Python: ``recipe = finetune.lora_wan2_2_ti2v_5b(); recipe.lora.rank = 64``
+    """
+    recipe = with_lora(_finetune_wan("ti2v_5b", "lora_wan2_2_ti2v_5b"), rank=32, targets=WAN_LORA_TARGETS)
+    recipe.trainer.strategy = run.Config(VFMParallelStrategy, compile=True, activation_checkpointing="save_attention")
+    return recipe
+
+
+def _lora_a14b(flavor: str, name: str) -> run.Partial:
+    recipe = with_lora(_finetune_wan(flavor, name, expert="high"), rank=32, targets=WAN_LORA_TARGETS,
+                       frozen_dtype="bf16")
+    return parallel.with_fsdp(recipe, activation_checkpointing="save_attention")
+
+
+@run.cli.factory(target=train)
+def lora_wan2_2_t2v_a14b() -> run.Partial:
+    """LoRA (rank 32) on one expert of Wan2.2-T2V-A14B (default the high-noise ``transformer/``, times in [0.875, 1];
+    ``model.expert=low objective.expert=low`` for ``transformer_2/``, times below 0.875); the frozen base in bf16,
+    FSDP2, activation checkpointing ``"save_attention"`` (the layout of ``lora_wan_14b``; GPU speed not yet measured).
+    CLI: ``python launchers/train.py --factory lora_wan2_2_t2v_a14b --yes model.pretrained=DIR model.expert=low objective.expert=low``
+    Python: ``recipe = finetune.with_expert(finetune.lora_wan2_2_t2v_a14b(), "low")``
+    """
+    return _lora_a14b("t2v_a14b", "lora_wan2_2_t2v_a14b")
+
+
+@run.cli.factory(target=train)
+def lora_wan2_2_i2v_a14b() -> run.Partial:
+    """LoRA (rank 32) on one expert of Wan2.2-I2V-A14B (boundary 0.9; ``model.expert`` / ``objective.expert`` as in
+    ``lora_wan2_2_t2v_a14b``): the batches carry ``cond_latents`` (4 mask + 16 image-latent channels, as
+    ``WanImageToVideoPipeline`` builds them; no CLIP tokens). Frozen bf16 base, FSDP2; GPU speed not yet measured.
+    CLI: ``python launchers/train.py --factory lora_wan2_2_i2v_a14b --yes model.pretrained=DIR data.path=PREPARED``
+    Python: ``recipe = finetune.with_expert(finetune.lora_wan2_2_i2v_a14b(), "low")``
+    """
+    return _lora_a14b("i2v_a14b", "lora_wan2_2_i2v_a14b")
+
+
+@run.cli.factory(target=train)
+def finetune_wan2_2_t2v_a14b() -> run.Partial:
+    """Full fine-tuning of one expert of Wan2.2-T2V-A14B (default high noise; ``model.expert=low
+    objective.expert=low`` for the other): FSDP2 + context parallel 2 + full activation checkpointing, the layout of
+    ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed not yet measured. Both experts in one run: not implemented.
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan2_2_t2v_a14b --yes model.pretrained=DIR``
+    Python: ``recipe = finetune.with_expert(finetune.finetune_wan2_2_t2v_a14b(), "low")``
+    """
+    recipe = _finetune_wan("t2v_a14b", "finetune_wan2_2_t2v_a14b", expert="high")
+    return parallel.with_cp(parallel.with_fsdp(recipe, activation_checkpointing="full"), 2)
 
 
 @run.cli.factory(target=train)

@@ -9,6 +9,9 @@
     # a published Wan 2.1 diffusers pipeline folder; I2V folders take --image
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "a fox in the snow" --steps 50 --guidance 5
     vfm generate --ckpt /models/Wan2.1-I2V-14B-480P-Diffusers --image first.png --prompt "..."
+    # Wan 2.2: TI2V-5B with or without --image; A14B folders switch experts (--guidance-2: the low-noise expert's)
+    vfm generate --ckpt /models/Wan2.2-TI2V-5B-Diffusers --prompt "..." [--image first.png]
+    vfm generate --ckpt /models/Wan2.2-T2V-A14B-Diffusers --prompt "..." --guidance 4 --guidance-2 3
 """
 
 import argparse
@@ -26,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="generated", help="output folder")
     p.add_argument("--steps", type=int, default=35, help="sampler steps")
     p.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale (1 = off)")
+    p.add_argument("--guidance-2", type=float, default=None, help="Wan 2.2 A14B: the low-noise expert's guidance "
+                                                                   "scale (default: --guidance)")
     p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler", "unipc"),
                    help="default: the checkpoint's (Wan folders: unipc, diffusers' Wan scheduler), else heun for "
                         "EDM and flow-euler for flow matching")
@@ -51,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on for Wan checkpoints on CUDA, off otherwise)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
-    p.add_argument("--image", help="image-to-video (Wan I2V folders): the first frame")
+    p.add_argument("--image", help="image-to-video (Wan I2V folders; optional for Wan 2.2 TI2V): the first frame")
     p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
                                                                 "(weights + config) and exit")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle a .ckpt that needs more than our config "
@@ -83,8 +88,10 @@ def check_args(args) -> None:
         value = getattr(args, name, 0)
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
-    if not math.isfinite(args.guidance):
-        raise ValueError(f"--guidance must be a finite number (1 = off), got {args.guidance}")
+    for name in ("guidance", "guidance_2"):
+        value = getattr(args, name, None)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number (1 = off), got {value}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is an existing file; give a folder to write the videos into")
@@ -139,14 +146,20 @@ def _run(args) -> int:
     info = read_checkpoint_info(args.ckpt, allow_pickle=trust)
     check_objective(info.objective, info.path)
     gen = info.generation
+    wan22 = False
     if info.kind == "wan":
+        from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
         from nemo_vfm.inference.wan import check_generation_parts
 
         check_generation_parts(info)
-    i2v = getattr(info.model_config, "is_i2v", False)
-    if i2v != bool(args.image):
+        wan22 = "experts" in gen or isinstance(info.objective, FirstFrameFlowMatching)
+    i2v = getattr(info.model_config, "is_i2v", False) or getattr(info.model_config, "cond_channels", 0) > 0
+    takes_image = i2v or (wan22 and "experts" not in gen)  # Wan 2.2 TI2V: text-to-video, or from an image
+    if (i2v and not args.image) or (args.image and not takes_image):
         raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if i2v else
-                         "--image is for image-to-video models (Wan I2V folders); drop it")
+                         "--image is for image-to-video models (Wan I2V folders, Wan 2.2 TI2V); drop it")
+    if getattr(args, "guidance_2", None) is not None and "experts" not in gen:
+        raise ValueError("--guidance-2 is the low-noise expert's guidance of a Wan 2.2 A14B folder; drop it")
     if not gen:
         raise ValueError(f"{args.ckpt} does not record its tokenizer and text encoder (trained on mock latents?); "
                          "nothing to decode with")
@@ -184,6 +197,11 @@ def _run(args) -> int:
         engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
                                                  latent_thw=thw, tokenizer=tokenizer.to(device).eval(),
                                                  compile=default_compile(args, info, device))
+        low = None
+        if "experts" in gen:  # Wan 2.2 A14B: the low-noise expert beside the high-noise one
+            from nemo_vfm.inference.wan import low_noise_engine
+
+            low = low_noise_engine(info, engine, layout, compile=default_compile(args, info, device))
         out = Path(args.out)
         fps = gen.get("fps") or 8.0
         if rank == 0:
@@ -193,12 +211,18 @@ def _run(args) -> int:
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
             extra = None
-            if i2v:
+            if args.image:
                 from nemo_vfm.inference.wan import image_conditions
 
                 extra = image_conditions(info, engine.tokenizer, args.image, len(batch), frames, height, width, device)
-            videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True,
-                                            extra_cond=extra)
+            if wan22:
+                from nemo_vfm.inference.wan import generate_wan22
+
+                videos, times = generate_wan22(engine, batch, (channels, *thw), cfg, extra, low=low,
+                                               guidance_2=args.guidance_2, progress=True)
+            else:
+                videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True,
+                                                extra_cond=extra)
             for k, v in times.items():
                 totals[k] = totals.get(k, 0.0) + v
             if rank == 0:

@@ -5,6 +5,8 @@ either the VAE's own folder (with ``config.json``) or a pipeline folder with a `
 
     >>> tok = DiffusersVideoVAE.from_pretrained("wan", "/models/Wan2.1-T2V-1.3B-Diffusers")
     >>> z = tok.encode(video)          # (B, 16, 1 + (T-1)/4, H/8, W/8), normalized with latents_mean/std
+    >>> tok = DiffusersVideoVAE.from_pretrained("wan2_2", "/models/Wan2.2-TI2V-5B-Diffusers")
+    >>> z = tok.encode(video)          # (B, 48, 1 + (T-1)/4, H/16, W/16): the Wan 2.2 VAE (residual, 2x2 patches)
 
 Each family's compression and latent normalization come from its config (:data:`FAMILIES`).
 Legend: B batch, T/H/W pixel frames/height/width, t/h/w latent ones, c latent channels.
@@ -23,17 +25,30 @@ from nemo_vfm.tokenizers.base import VideoTokenizer
 
 @dataclass(frozen=True)
 class VAEFamily:
-    """How to read one diffusers VAE class: ``sizes(vae) -> (tc, sc, c)``, ``stats(vae) -> (shift, scale)``."""
+    """How to read one diffusers VAE class: ``sizes(vae) -> (tc, sc, c)``, ``stats(vae) -> (shift, scale)``;
+    ``check(vae)`` raises when the weights are another variant of the class."""
 
     class_name: str
     sizes: Callable
     stats: Callable
     causal: bool = True
+    check: Callable | None = None
 
 
 def _wan_sizes(vae):
     cfg = vae.config
     return 2 ** sum(bool(x) for x in cfg.temperal_downsample), 2 ** (len(cfg.dim_mult) - 1) * (cfg.patch_size or 1), cfg.z_dim
+
+
+def _wan_stats(vae):
+    return torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+
+
+def _check_wan2_2(vae):
+    cfg = vae.config
+    if not (cfg.is_residual and cfg.patch_size == 2):
+        raise ValueError(f"this AutoencoderKLWan is not the Wan 2.2 VAE (is_residual={cfg.is_residual}, "
+                         f"patch_size={cfg.patch_size}; Wan 2.2: True and 2, 4x16x16); use tokenizer 'wan' for it")
 
 
 def _cosmos_stats(vae):
@@ -48,8 +63,8 @@ def _scaling_stats(vae):
 
 
 FAMILIES: dict[str, VAEFamily] = {
-    "wan": VAEFamily("AutoencoderKLWan", _wan_sizes,
-                     lambda v: (torch.tensor(v.config.latents_mean), torch.tensor(v.config.latents_std))),
+    "wan": VAEFamily("AutoencoderKLWan", _wan_sizes, _wan_stats),  # Wan 2.1 (16 channels, 4x8x8); reads 2.2 too
+    "wan2_2": VAEFamily("AutoencoderKLWan", _wan_sizes, _wan_stats, check=_check_wan2_2),  # 48 channels, 4x16x16
     "hunyuan": VAEFamily("AutoencoderKLHunyuanVideo",
                          lambda v: (v.config.temporal_compression_ratio, v.config.spatial_compression_ratio,
                                     v.config.latent_channels), _scaling_stats),
@@ -100,6 +115,8 @@ class DiffusersVideoVAE(VideoTokenizer):
         if family not in FAMILIES:
             raise ValueError(f"unknown diffusers VAE family {family!r}; choose one of {sorted(FAMILIES)}")
         spec = FAMILIES[family]
+        if spec.check is not None:
+            spec.check(vae)
         self.vae, self.family, self.sample = vae.eval().requires_grad_(False), family, sample
         self.temporal_compression, self.spatial_compression, self.latent_channels = spec.sizes(vae)
         self.causal = spec.causal

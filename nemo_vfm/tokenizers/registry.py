@@ -3,6 +3,7 @@
     >>> build_tokenizer("identity")
     >>> build_tokenizer("causal", checkpoint="runs/tok/tokenizer.pt")          # ours, trained
     >>> build_tokenizer("wan", path="/models/Wan2.1-T2V-1.3B-Diffusers", dtype="bf16", device="cuda")
+    >>> build_tokenizer("wan2_2", path="/models/Wan2.2-TI2V-5B-Diffusers")          # 48 channels, 4x16x16
     >>> build_tokenizer("cosmos_jit", path="/models/Cosmos-0.1-Tokenizer-CV8x8x8", tiling={"tile_size": 512})
     >>> build_text_encoder("t5", path="/models/t5-v1_1-xxl", cache_dir="cache/t5")
 
@@ -70,6 +71,7 @@ TOKENIZERS: dict[str, Callable[..., VideoTokenizer]] = {
     "causal": _causal,
     "cosmos_diffusers": _diffusers("cosmos_diffusers"),
     "wan": _diffusers("wan"),
+    "wan2_2": _diffusers("wan2_2"),
     "hunyuan": _diffusers("hunyuan"),
     "cogvideox": _diffusers("cogvideox"),
     "cosmos_jit": _cosmos_jit,

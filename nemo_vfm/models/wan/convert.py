@@ -1,4 +1,4 @@
-"""Wan 2.1 weights in both published layouts, converted both ways, and streamed onto a (sharded) model.
+"""Wan 2.1 / 2.2 weights in both published layouts, converted both ways, and streamed onto a (sharded) model.
 
 * **original** (the Wan2.1 release): ``config.json`` with ``dim``, ``num_heads``, ... (``_class_name``
   ``WanModel``) and ``diffusion_pytorch_model*.safetensors``; parameter names are ours (``model.py`` keeps
@@ -8,6 +8,10 @@
   names such as ``condition_embedder.time_embedder.linear_1``, ``blocks.N.attn1.to_q``, ``ffn.net.0.proj``,
   ``scale_shift_table`` (see :data:`nemo_vfm.models.wan.weights.RENAMES`). A full pipeline folder
   (``transformer/``, ``vae/``, ``text_encoder/``...) is accepted and its ``transformer/`` read.
+* **Wan 2.2**: TI2V-5B is one network in either layout (original ``model_type`` ``ti2v``); an A14B folder holds
+  two experts of the Wan 2.1 14B architecture (diffusers: ``transformer/`` + ``transformer_2/``; the release:
+  ``high_noise_model/`` + ``low_noise_model/``), read one at a time with ``expert="high"|"low"``. Wan 2.2 I2V has
+  no CLIP image tokens (original ``model_type`` ``i2v`` without ``img_emb.*`` weights).
 
 Loading builds the network on the meta device and reads one tensor at a time from each shard with
 ``safetensors.safe_open``: into a plain model by assignment, into a sharded one (FSDP2 / TP DTensors) by
@@ -18,6 +22,7 @@ that streaming loader (:func:`load_weights`) live in ``weights.py``, which ``mod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -26,7 +31,9 @@ import torch
 
 from nemo_vfm.models.wan.model import WanConfig, WanModel
 from nemo_vfm.models.wan.weights import (
+    EXPERT_DIRS,
     detect_layout,
+    expert_dirs,
     from_diffusers_name,
     load_weights,
     to_diffusers_name,
@@ -66,13 +73,15 @@ def config_to_diffusers(cfg: WanConfig) -> dict:
 
 
 def config_to_original(cfg: WanConfig) -> dict:
-    """The original release's ``config.json`` for ``cfg``."""
-    return {"_class_name": "WanModel", "model_type": "i2v" if cfg.is_i2v else "t2v", "patch_size": list(cfg.patch_size),
+    """The original release's ``config.json`` for ``cfg`` (``model_type`` ``ti2v`` for a 48-channel network, the
+    Wan 2.2 VAE's width; an I2V without CLIP tokens records ``image_dim: null``)."""
+    model_type = "i2v" if cfg.cond_channels else ("ti2v" if cfg.in_channels == cfg.out_channels == 48 else "t2v")
+    return {"_class_name": "WanModel", "model_type": model_type, "patch_size": list(cfg.patch_size),
             "text_len": cfg.text_len, "in_dim": cfg.in_channels, "dim": cfg.hidden_size, "ffn_dim": cfg.ffn_size,
             "freq_dim": cfg.freq_dim, "text_dim": cfg.context_dim, "out_dim": cfg.out_channels,
             "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "qk_norm": cfg.qk_norm,
             "cross_attn_norm": cfg.cross_attn_norm, "eps": cfg.norm_eps,
-            **({"image_dim": cfg.image_dim} if cfg.is_i2v and cfg.image_dim != 1280 else {})}
+            **({"image_dim": cfg.image_dim} if cfg.cond_channels and cfg.image_dim != 1280 else {})}
 
 
 def config_from_json(c: dict, **overrides) -> WanConfig:
@@ -89,8 +98,8 @@ def config_from_json(c: dict, **overrides) -> WanConfig:
 def _config_kwargs(c: dict) -> dict:
     if "num_attention_heads" in c:  # diffusers
         if c.get("pos_embed_seq_len") or c.get("qk_norm") not in ("rms_norm_across_heads", None):
-            raise ValueError("this WanTransformer3DModel config is not Wan 2.1 T2V/I2V (pos_embed_seq_len or another "
-                             "qk_norm is set: FLF2V / Wan 2.2 variants are not supported)")
+            raise ValueError("this WanTransformer3DModel config is not Wan 2.1/2.2 T2V, I2V or TI2V (pos_embed_seq_len "
+                             "or another qk_norm is set: FLF2V is not supported)")
         kw = dict(num_layers=c["num_layers"], num_heads=c["num_attention_heads"],
                   hidden_size=c["num_attention_heads"] * c["attention_head_dim"], ffn_size=c["ffn_dim"],
                   in_channels=c["in_channels"], out_channels=c.get("out_channels") or c["in_channels"],
@@ -98,8 +107,9 @@ def _config_kwargs(c: dict) -> dict:
                   freq_dim=c.get("freq_dim", 256), cross_attn_norm=c.get("cross_attn_norm", True),
                   qk_norm=c.get("qk_norm") is not None, norm_eps=c.get("eps", 1e-6), image_dim=c.get("image_dim"))
     elif "dim" in c:  # original
-        if c.get("model_type", "t2v") not in ("t2v", "i2v"):
-            raise ValueError(f"Wan model_type {c.get('model_type')!r} is not supported; use a t2v or i2v checkpoint")
+        if c.get("model_type", "t2v") not in ("t2v", "i2v", "ti2v"):
+            raise ValueError(f"Wan model_type {c.get('model_type')!r} is not supported; use a t2v, i2v or ti2v "
+                             "checkpoint")
         i2v = c.get("model_type") == "i2v"
         kw = dict(num_layers=c["num_layers"], num_heads=c["num_heads"], hidden_size=c["dim"], ffn_size=c["ffn_dim"],
                   in_channels=c["in_dim"], out_channels=c.get("out_dim", 16), patch_size=tuple(c.get("patch_size", (1, 2, 2))),
@@ -142,24 +152,32 @@ def _keys_and_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def read_config(path: str | Path, **overrides) -> WanConfig:
-    """The :class:`WanConfig` of a Wan folder: from its ``config.json``, else from the weights' shapes."""
-    d = transformer_dir(path)
+def read_config(path: str | Path, expert: str | None = None, **overrides) -> WanConfig:
+    """The :class:`WanConfig` of a Wan folder (``expert``: of a two-expert folder): from its ``config.json``, else
+    from the weights' shapes. An original ``i2v`` config without ``img_emb.*`` weights is Wan 2.2 I2V (no CLIP)."""
+    d = transformer_dir(path, expert)
+    if expert is not None:
+        overrides = {"expert": expert, **overrides}
     cfg_file = d / "config.json"
     if cfg_file.is_file() and not Path(path).is_file():
         try:
-            return config_from_json(json.loads(cfg_file.read_text()), **overrides)
+            c = json.loads(cfg_file.read_text())
+            cfg = config_from_json(c, **overrides)
         except ValueError as e:  # a missing entry, or not JSON at all
             raise ValueError(f"{cfg_file}: {e}") from None
-    shapes = _keys_and_shapes(weight_files(path))
+        if c.get("model_type") == "i2v" and "image_dim" not in c and "image_dim" not in overrides and \
+                "img_emb.proj.0.weight" not in _keys_and_shapes(weight_files(path, expert)):
+            cfg = dataclasses.replace(cfg, image_dim=None)
+        return cfg
+    shapes = _keys_and_shapes(weight_files(path, expert))
     if detect_layout(shapes) == "diffusers":
         shapes = {from_diffusers_name(k): v for k, v in shapes.items()}
     return config_from_state(shapes, **overrides)
 
 
 def is_wan_folder(path: str | Path) -> bool:
-    """Whether ``path`` looks like a Wan weights folder (either layout, or a pipeline folder)."""
-    d = transformer_dir(path)
+    """Whether ``path`` looks like a Wan weights folder (either layout, a pipeline folder, or a two-expert folder)."""
+    d = transformer_dir(path, "high" if expert_dirs(path) else None)
     try:
         c = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
@@ -169,10 +187,11 @@ def is_wan_folder(path: str | Path) -> bool:
 
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                    config: WanConfig | None = None) -> WanModel:
-    """A :class:`WanModel` with the weights of a Wan folder: built on meta, each tensor assigned from its
-    shard (no random init, no second copy). ``config`` defaults to the folder's (:func:`read_config`)."""
-    cfg = config if config is not None else read_config(path, pretrained=str(path))
+                    config: WanConfig | None = None, expert: str | None = None) -> WanModel:
+    """A :class:`WanModel` with the weights of a Wan folder (``expert``: of a two-expert folder): built on meta, each
+    tensor assigned from its shard (no random init, no second copy). ``config`` defaults to the folder's
+    (:func:`read_config`)."""
+    cfg = config if config is not None else read_config(path, expert, pretrained=str(path))
     with torch.device("meta"):
         model = WanModel(cfg)
     if dtype is not None:
@@ -185,12 +204,18 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
 def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: WanConfig, layout: str = "diffusers",
                  max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write ``state`` (our names) as a Wan folder in ``layout`` ('diffusers' or 'original'): ``config.json``,
-    safetensors shards of at most ``max_shard_bytes`` and, when sharded, the ``.index.json``."""
+    safetensors shards of at most ``max_shard_bytes`` and, when sharded, the ``.index.json``. One expert of a Wan 2.2
+    A14B model (``cfg.expert``) goes to its subfolder of ``folder`` (``transformer/`` or ``transformer_2/``;
+    original: ``high_noise_model/`` or ``low_noise_model/``), so both experts' exports make one folder; returns
+    the folder written."""
     from safetensors.torch import save_file
 
     if layout not in ("diffusers", "original"):
         raise ValueError(f"layout must be 'diffusers' or 'original', got {layout!r}")
     folder = Path(folder)
+    if cfg.expert is not None:
+        folder = folder / EXPERT_DIRS[cfg.expert][0 if layout == "diffusers" else 1]
+        cfg = dataclasses.replace(cfg, expert=None)
     folder.mkdir(parents=True, exist_ok=True)
     out = to_diffusers(state) if layout == "diffusers" else to_original(state)
     c = (dict(config_to_diffusers(cfg), _class_name="WanTransformer3DModel") if layout == "diffusers"

@@ -1,4 +1,4 @@
-"""Wan 2.1 video diffusion transformer (T2V 1.3B / 14B, I2V 14B), single-device.
+"""Wan 2.1 / 2.2 video diffusion transformer (T2V 1.3B / 14B, I2V 14B; TI2V-5B, A14B experts), single-device.
 
 The module tree and parameter names are those of the original Wan release (``patch_embedding``,
 ``text_embedding.0/2``, ``time_embedding.0/2``, ``time_projection.1``, ``blocks.N.self_attn.q/k/v/o``,
@@ -16,8 +16,10 @@ Per block (adaLN with a learned per-block table plus the network-wide time proje
 
 Text is zero-padded to ``text_len`` (512) tokens and attended without a mask, as Wan was trained;
 masked-out text positions are zeroed first. I2V: the network input is the noisy latent concatenated on
-channels with ``cond_latents`` (4 mask channels + 16 image-latent channels), and each cross-attention
-also attends to the projected CLIP image tokens ``image_embeds (B, 257, 1280)``.
+channels with ``cond_latents`` (4 mask channels + 16 image-latent channels), and (Wan 2.1 only, ``image_dim``
+set) each cross-attention also attends to the projected CLIP image tokens ``image_embeds (B, 257, 1280)``.
+Timesteps are ``(B,)`` or per token ``(B, S)`` (Wan 2.2 TI2V: the clean first frame's tokens at t = 0), as
+diffusers' ``WanTransformer3DModel`` takes them; per token, the modulation is ``(B, S, D)`` per term.
 
 Legend: B batch, C latent channels, T/H/W latent size, (t, h, w) patch grid, S = t*h*w tokens
 (t-major), L text tokens, D hidden, Hn heads, Dh head dim.
@@ -33,6 +35,9 @@ from torch import nn
 from nemo_vfm.models.common.attention import SDPACore
 from nemo_vfm.models.common.embeddings import RoPE3D, apply_rope_interleaved, sinusoidal_embedding, unpatchify
 from nemo_vfm.models.common.mlp import linear_gelu
+from nemo_vfm.models.wan.norms import WanLayerNorm, WanRMSNorm
+
+__all__ = ["WanConfig", "WanModel", "WanBlock", "WanHead", "WanLayerNorm", "WanRMSNorm"]
 
 
 @dataclass(kw_only=True)
@@ -55,12 +60,13 @@ class WanConfig:
     freq_dim: int = 256
     cross_attn_norm: bool = True
     qk_norm: bool = True
-    image_dim: int | None = None  # 1280 (CLIP ViT-H) for I2V; None = text-to-video
+    image_dim: int | None = None  # 1280 (CLIP ViT-H) for Wan 2.1 I2V; None = no image tokens (T2V, Wan 2.2)
     image_len: int = 257
     rope_theta: float = 10000.0
     timestep_scale: float = 1000.0  # the network gets t in [0, 1]; Wan's time input is 1000 t
     norm_eps: float = 1e-6
     pretrained: str | None = None
+    expert: str | None = None  # Wan 2.2 A14B: which expert of a two-expert ``pretrained`` folder, "high" or "low"
 
     def __post_init__(self):
         self.patch_size = tuple(self.patch_size)
@@ -74,6 +80,12 @@ class WanConfig:
         if self.image_dim is not None and self.in_channels <= self.out_channels:
             raise ValueError(f"WanConfig: I2V (image_dim set) needs in_channels > out_channels for the concatenated "
                              f"mask/image latents (Wan I2V: 36 and 16), got {self.in_channels} and {self.out_channels}")
+        if self.expert == "both":
+            raise NotImplementedError("training both Wan 2.2 A14B experts in one run is not implemented; train one "
+                                      "expert per run (lora_wan2_2_t2v_a14b, lora_wan2_2_i2v_a14b, "
+                                      "finetune_wan2_2_t2v_a14b with model.expert=high or low, objective.expert alike)")
+        if self.expert not in (None, "high", "low"):
+            raise ValueError(f"WanConfig.expert must be 'high', 'low' or None, got {self.expert!r}")
 
     @property
     def head_dim(self) -> int:
@@ -81,12 +93,14 @@ class WanConfig:
 
     @property
     def is_i2v(self) -> bool:
+        """Wan 2.1 I2V: cross-attention to CLIP image tokens ``image_embeds`` (and ``cond_latents``)."""
         return self.image_dim is not None
 
     @property
     def cond_channels(self) -> int:
-        """Channels of ``cond_latents`` (I2V: mask + image latents); 0 for T2V."""
-        return self.in_channels - self.out_channels if self.is_i2v else 0
+        """Channels of ``cond_latents`` concatenated to the input (mask + image latents: Wan 2.1 I2V, and Wan 2.2
+        I2V-A14B without CLIP tokens); 0 for T2V and TI2V."""
+        return max(self.in_channels - self.out_channels, 0)
 
     def build(self, device: str | torch.device | None = None) -> "WanModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated;
@@ -105,59 +119,6 @@ class WanConfig:
             model = WanModel(self)
         model.init_weights()
         return model
-
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over a process group, differentiable (the gradient is summed too: every rank's output depends
-    on every rank's input)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        from torch.distributed import _functional_collectives as funcol
-
-        ctx.group = group
-        return funcol.wait_tensor(funcol.all_reduce(x, "sum", group))
-
-    @staticmethod
-    def backward(ctx, g):
-        from torch.distributed import _functional_collectives as funcol
-
-        return funcol.wait_tensor(funcol.all_reduce(g.contiguous(), "sum", ctx.group)), None
-
-
-class WanRMSNorm(nn.Module):
-    """RMSNorm over the features of all heads (Wan's ``rms_norm_across_heads``).
-
-    Under tensor parallelism the input holds this rank's heads only: ``parallelize`` sets ``tp_group``,
-    the mean square is all-reduced over it and the local slice of the (replicated) weight is used
-    (its gradient is summed over TP: ``TP_PARTIAL``)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.tp_group = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_group is None:  # one fused kernel on CUDA (fp32 statistics, output in x's dtype)
-            return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight
-        import torch.distributed as dist
-
-        xf = x.float()
-        size, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
-        ms = _AllReduceSum.apply(xf.pow(2).mean(-1, keepdim=True), self.tp_group) / size
-        w = self.weight.narrow(0, rank * x.shape[-1], x.shape[-1])
-        return (xf * torch.rsqrt(ms + self.eps)).type_as(x) * w
-
-
-class WanLayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 (weights too), returned in the input's dtype, as Wan and diffusers do; works with
-    bf16 parameters (FSDP mixed precision) and an fp32 input."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = None if self.weight is None else self.weight.float()
-        b = None if self.bias is None else self.bias.float()
-        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
 
 
 def _heads(x_BSD: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -235,9 +196,12 @@ class WanBlock(nn.Module):
 
     def forward(self, x_BSD: torch.Tensor, c: torch.Tensor, rope=None, context=None, image_context=None,
                 attn_mask=None) -> torch.Tensor:
-        """``c (B, 6D)``: the time projection; ``context (B, L, D)`` embedded text; ``image_context (B, I, D)``
-        embedded image tokens (I2V); ``attn_mask``: a self-attention mask (padding under SP)."""
-        e = (self.modulation.float() + c.float().unflatten(-1, (6, -1))).chunk(6, dim=1)  # 6 x (B, 1, D)
+        """``c (B, 6D)`` or per token ``(B, S, 6D)``: the time projection; ``context (B, L, D)`` embedded text;
+        ``image_context (B, I, D)`` embedded image tokens (I2V); ``attn_mask``: a self-attention mask (padding under SP)."""
+        if c.dim() == 3:  # per-token times (Wan 2.2 TI2V): 6 x (B, S, D)
+            e = (self.modulation.float()[:, None] + c.float().unflatten(-1, (6, -1))).unbind(2)
+        else:
+            e = (self.modulation.float() + c.float().unflatten(-1, (6, -1))).chunk(6, dim=1)  # 6 x (B, 1, D)
         dt = x_BSD.dtype
         h = (self.norm1(x_BSD.float()) * (1 + e[1]) + e[0]).to(dt)
         x_BSD = (x_BSD.float() + self.self_attn(h, rope, attn_mask) * e[2]).to(dt)
@@ -254,7 +218,11 @@ class WanHead(nn.Module):
         self.modulation = nn.Parameter(torch.empty(1, 2, dim))
 
     def forward(self, x_BSD: torch.Tensor, e_BD: torch.Tensor) -> torch.Tensor:
-        shift, scale = (self.modulation.float() + e_BD.float()[:, None]).chunk(2, dim=1)  # (B, 1, D) each
+        """``e_BD (B, D)``, or per token ``(B, S, D)``."""
+        if e_BD.dim() == 3:
+            shift, scale = (self.modulation.float()[:, None] + e_BD.float()[:, :, None]).unbind(2)  # (B, S, D) each
+        else:
+            shift, scale = (self.modulation.float() + e_BD.float()[:, None]).chunk(2, dim=1)  # (B, 1, D) each
         return self.head((self.norm(x_BSD.float()) * (1 + scale) + shift).to(x_BSD.dtype))
 
 
@@ -271,7 +239,7 @@ class WanImageEmbedding(nn.Module):
 
 
 class WanModel(nn.Module):
-    """``forward(x (B, C, T, H, W), timesteps (B,) in [0, 1], context (B, L, 4096), context_mask (B, L),
+    """``forward(x (B, C, T, H, W), timesteps (B,) or (B, S) in [0, 1], context (B, L, 4096), context_mask (B, L),
     image_embeds=None, cond_latents=None) -> velocity (B, 16, T, H, W)``; the family contract of the DiT."""
 
     def __init__(self, cfg: WanConfig):
@@ -300,9 +268,10 @@ class WanModel(nn.Module):
         return T // pt, H // ph, W // pw
 
     def condition(self, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(B,)`` t in [0, 1] -> ``e (B, D)`` (the head's) and the blocks' time projection ``(B, 6D)``."""
-        freq = sinusoidal_embedding(timesteps.float() * self.cfg.timestep_scale, self.cfg.freq_dim)
-        e = self.time_embedding(freq.to(self.time_embedding[0].weight.dtype))
+        """``(B,)`` t in [0, 1] -> ``e (B, D)`` (the head's) and the blocks' time projection ``(B, 6D)``;
+        per-token ``(B, S)`` -> ``(B, S, D)`` and ``(B, S, 6D)``."""
+        freq = sinusoidal_embedding(timesteps.float().flatten() * self.cfg.timestep_scale, self.cfg.freq_dim)
+        e = self.time_embedding(freq.to(self.time_embedding[0].weight.dtype)).unflatten(0, timesteps.shape)
         return e, self.time_projection(e)
 
     def embed_text(self, context: torch.Tensor, context_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -327,14 +296,18 @@ class WanModel(nn.Module):
             raise ValueError("Wan takes unpacked latents and text context only (no packed batches, no class labels)")
         if context is None:
             raise ValueError("Wan needs text: pass context (B, L, 4096) UMT5 states (zeros for the empty prompt)")
-        if cfg.is_i2v:
-            if cond_latents is None or image_embeds is None:
+        if cfg.cond_channels:
+            if cond_latents is None or (cfg.is_i2v and image_embeds is None):
                 raise ValueError("this Wan is image-to-video: pass cond_latents (B, 20, T, H, W) (mask + image "
-                                 "latents) and image_embeds (B, 257, 1280) (CLIP image states)")
+                                 "latents)" + (" and image_embeds (B, 257, 1280) (CLIP image states)"
+                                               if cfg.is_i2v else ""))
             x = torch.cat([x, cond_latents.to(x.dtype)], dim=1)
         if x.shape[1] != cfg.in_channels:
             raise ValueError(f"expected {cfg.in_channels} input channels (latents + cond_latents), got {x.shape[1]}")
         grid = self.grid(*x.shape[2:])
+        if timesteps.dim() == 2 and timesteps.shape[1] != math.prod(grid):
+            raise ValueError(f"per-token timesteps {tuple(timesteps.shape)} must be (B, {math.prod(grid)}): one per "
+                             f"token of the {grid} patch grid; or pass (B,) timesteps")
         tokens = self.patch_embedding(x.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)  # (B, S, D)
         rope = self.rope(grid, device=x.device)
         e, c = self.condition(timesteps)

@@ -1,9 +1,11 @@
-"""Wan 2.1 weights on disk: the two published layouts' parameter names, their folders, and the streaming loader.
+"""Wan 2.1 / 2.2 weights on disk: the two published layouts' parameter names, their folders, and the streaming loader.
 
 Parameter names: ours are the original release's; :data:`RENAMES` maps them to diffusers'
 ``WanTransformer3DModel`` names (and back). Folders: a transformer folder in either layout (``config.json`` +
 ``diffusion_pytorch_model*.safetensors``, with the ``.index.json`` when sharded) or a pipeline folder whose
-``transformer/`` holds it. :func:`load_weights` streams a folder into a model, plain, on the meta device or
+``transformer/`` holds it. A Wan 2.2 A14B folder holds two experts (:data:`EXPERT_DIRS`): a diffusers pipeline's
+``transformer/`` (high noise) and ``transformer_2/`` (low noise), or the release's ``high_noise_model/`` and
+``low_noise_model/``; ``expert="high"|"low"`` picks one. :func:`load_weights` streams a folder into a model, plain, on the meta device or
 already sharded (``nemo_vfm.parallel.materialize``). Configs and whole-model conversion live in ``convert.py``;
 this module needs no model class, so ``model.py`` can load pretrained weights through it.
 """
@@ -89,19 +91,40 @@ def from_diffusers_name(name: str) -> str:
 
 
 # -- folders -----------------------------------------------------------------------------------------------
-def transformer_dir(path: str | Path) -> Path:
-    """The folder holding the transformer weights: ``path`` itself or a pipeline's ``transformer/``."""
+EXPERT_DIRS: dict[str, tuple[str, str]] = {"high": ("transformer", "high_noise_model"),
+                                            "low": ("transformer_2", "low_noise_model")}  # (diffusers, original)
+
+
+def expert_dirs(path: str | Path) -> dict[str, Path] | None:
+    """``{"high": dir, "low": dir}`` of a two-expert (Wan 2.2 A14B) folder in either layout, else None."""
+    p = Path(path)
+    for i in (0, 1):
+        high, low = p / EXPERT_DIRS["high"][i], p / EXPERT_DIRS["low"][i]
+        if high.is_dir() and low.is_dir():
+            return {"high": high, "low": low}
+    return None
+
+
+def transformer_dir(path: str | Path, expert: str | None = None) -> Path:
+    """The folder holding the transformer weights: ``path`` itself, a pipeline's ``transformer/``, or the
+    ``expert``'s folder of a two-expert folder (``ValueError`` when ``expert`` is needed and not given)."""
     p = Path(path)
     if p.is_file():
         return p.parent
+    experts = expert_dirs(p)
+    if experts is not None:
+        if expert not in experts:
+            raise ValueError(f"{p} holds two Wan 2.2 experts ({experts['high'].name}/ and {experts['low'].name}/); "
+                             f"choose one with expert='high' or 'low' (a recipe: model.expert=high), got {expert!r}")
+        return experts[expert]
     if (p / "transformer").is_dir():
         return p / "transformer"
     return p
 
 
-def weight_files(path: str | Path) -> list[Path]:
+def weight_files(path: str | Path, expert: str | None = None) -> list[Path]:
     """The safetensors files of a Wan folder (from the index when there is one)."""
-    d = transformer_dir(path)
+    d = transformer_dir(path, expert)
     if Path(path).is_file():
         return [Path(path)]
     index = sorted(d.glob("*.safetensors.index.json"))
@@ -127,13 +150,14 @@ def detect_layout(keys) -> str:
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int:
+def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert: str | None = None) -> int:
     """Stream a Wan folder's weights into ``model``, one tensor at a time, and return the number of elements read.
 
     ``model`` may be plain, built on the meta device (parameters assigned as read), or already parallelised:
     a DTensor parameter (FSDP2, TP) gets only its local shard, read as a slice of the safetensors tensor, so no
     rank reads (or holds) a full copy of the model. A network with LoRA adapters takes the weights as its base
-    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``)."""
+    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``). ``expert``: which
+    network of a two-expert folder (default: the model config's ``expert``)."""
     from safetensors import safe_open
 
     from nemo_vfm.models.common.lora_names import adapted_paths, plain_param_name
@@ -149,7 +173,8 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int
                 params[name] = (m, pn)
     seen, n_read = set(), 0
     layout = None
-    for f in weight_files(path):
+    expert = expert or getattr(getattr(model, "cfg", None), "expert", None)
+    for f in weight_files(path, expert):
         with safe_open(str(f), framework="pt") as sf:
             keys = list(sf.keys())
             layout = layout or detect_layout(keys)
