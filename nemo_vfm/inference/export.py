@@ -1,18 +1,23 @@
-"""Results that leave the framework: LoRA adapters in the diffusers layout, a whole model as a diffusers
-folder, or our single-file safetensors export.
+"""Results that leave the framework: LoRA adapters for diffusers or for ComfyUI, a whole model as a diffusers or
+original-Wan folder, or our single-file safetensors export.
 
-    vfm export --ckpt RUN --format lora --out wan_lora.safetensors     # pipe.load_lora_weights(...)
-    vfm export --ckpt RUN --format diffusers --out wan_finetuned/      # WanTransformer3DModel.from_pretrained
-    vfm export --ckpt RUN --format original --out wan_original/        # the Wan release layout
-    vfm export --ckpt RUN --format safetensors --out model.safetensors # ours (vfm generate --ckpt FILE)
+    vfm export --ckpt RUN --format lora --out wan_lora.safetensors      # diffusers/peft: pipe.load_lora_weights
+    vfm export --ckpt RUN --format comfyui --out wan_lora_comfy.safetensors  # ComfyUI: LoraLoader (Wan)
+    vfm export --ckpt RUN --format diffusers --out wan_finetuned/       # WanTransformer3DModel.from_pretrained
+    vfm export --ckpt RUN --format original --out wan_original/         # the Wan release layout (whole model)
+    vfm export --ckpt RUN --format safetensors --out model.safetensors  # ours (vfm generate --ckpt FILE)
 
-LoRA file: one ``lora_A.weight`` / ``lora_B.weight`` pair per adapted linear. For a family with a
-diffusers counterpart (Wan: ``<family>.convert.to_diffusers_name``) the keys are diffusers' module paths
-under ``transformer.`` (``transformer.blocks.0.attn1.to_q.lora_A.weight``), the layout
+``lora`` file (diffusers/peft layout): one ``lora_A.weight`` / ``lora_B.weight`` pair per adapted linear. For a
+family with a diffusers counterpart (Wan: ``<family>.convert.to_diffusers_name``) the keys are diffusers' module
+paths under ``transformer.`` (``transformer.blocks.0.attn1.to_q.lora_A.weight``), the layout
 ``WanPipeline.load_lora_weights`` and ``WanTransformer3DModel.load_lora_adapter`` read; other families keep
 our module paths. The scale ``alpha / rank`` is folded into ``lora_B`` (peft's default alpha is the
 rank, i.e. scale 1, so the file loads exactly without an alpha entry); the header records rank, alpha
-and targets.
+and targets. ComfyUI does not read these keys for Wan ("lora key not loaded"): use ``comfyui``.
+
+``comfyui`` file (Wan only): ``diffusion_model.<original Wan module>.lora_A.weight`` / ``.lora_B.weight`` (as
+trained) and ``.alpha``, which ComfyUI's LoraLoader applies as ``W + strength * alpha / rank * B @ A``
+(see ``nemo_vfm.models.wan.comfy_lora``); at strength 1 that is the merged ``original`` export.
 """
 
 import json
@@ -28,7 +33,7 @@ from nemo_vfm.inference.checkpoint import (
     read_checkpoint_info,
 )
 
-FORMATS = ("lora", "diffusers", "original", "safetensors")
+FORMATS = ("lora", "comfyui", "diffusers", "original", "safetensors")
 
 
 def _atomic_save(tensors: dict, out_file: Path, metadata: dict) -> Path:
@@ -55,21 +60,60 @@ def lora_export_state(state: dict[str, torch.Tensor], scale: float, convert=None
     return out
 
 
-def export_lora(path: str | Path, out_file: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None,
-                allow_pickle: bool = False) -> Path:
-    """Write the LoRA adapters of a LoRA run (any checkpoint kind) as one safetensors file."""
-    info = read_checkpoint_info(path, allow_pickle)
+def _require_lora(info) -> None:
     if info.lora is None:
         raise ValueError(f"{info.path} is not a LoRA run (no LoRA config in the checkpoint); export the whole model "
                          "with --format diffusers or safetensors")
+
+
+def _lora_meta(info, **extra) -> dict:
+    lora = info.lora
+    return {"format": "pt", "nemo_vfm_lora": json.dumps({"rank": lora.rank, "alpha": lora.alpha, **extra,
+                                                         "targets": list(lora.targets or []), "step": info.step})}
+
+
+def export_lora(path: str | Path, out_file: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None,
+                allow_pickle: bool = False) -> Path:
+    """Write the LoRA adapters of a LoRA run (any checkpoint kind) as one safetensors file in the diffusers/peft
+    layout (``pipe.load_lora_weights``; see the module docstring)."""
+    info = read_checkpoint_info(path, allow_pickle)
+    _require_lora(info)
     convert = family_convert(info.model_config)
     state = lora_export_state(raw_state_dict(info, use_ema), info.lora.scale, convert, dtype)
     if not state:
         raise ValueError(f"{info.path} holds no lora_A/lora_B weights")
-    lora = info.lora
-    meta = {"format": "pt", "nemo_vfm_lora": json.dumps({"rank": lora.rank, "alpha": lora.alpha, "scale_folded": True,
-                                                         "targets": list(lora.targets or []), "step": info.step})}
-    return _atomic_save(state, Path(out_file), meta)
+    return _atomic_save(state, Path(out_file), _lora_meta(info, scale_folded=True))
+
+
+def _comfyui_layout(cfg):
+    """The module that writes ``cfg``'s family's LoRA in ComfyUI's layout (declared here: Wan), or None."""
+    from nemo_vfm.models.wan.model import WanConfig
+
+    if isinstance(cfg, WanConfig):
+        from nemo_vfm.models.wan import comfy_lora
+
+        return comfy_lora
+    return None
+
+
+def export_comfyui_lora(path: str | Path, out_file: str | Path, use_ema: bool = True,
+                        dtype: torch.dtype | None = None, allow_pickle: bool = False) -> Path:
+    """Write the LoRA adapters of a Wan LoRA run as one safetensors file in ComfyUI's layout (LoraLoader; see
+    ``nemo_vfm.models.wan.comfy_lora``); ``ValueError`` naming the formats that work for another family."""
+    from nemo_vfm.models.common.lora import lora_state_dict
+
+    info = read_checkpoint_info(path, allow_pickle)
+    layout = _comfyui_layout(info.model_config)
+    if layout is None:
+        raise ValueError(f"{type(info.model_config).__name__} has no ComfyUI LoRA layout (only Wan has one); export "
+                         "this run with --format lora (adapters under our module names) or --format safetensors "
+                         "(the merged model, for vfm generate)")
+    _require_lora(info)
+    lora = lora_state_dict(raw_state_dict(info, use_ema))
+    if not lora:
+        raise ValueError(f"{info.path} holds no lora_A/lora_B weights")
+    state = layout.comfyui_lora_state(lora, info.model_config, info.lora.rank, info.lora.alpha, dtype)
+    return _atomic_save(state, Path(out_file), _lora_meta(info, scale_folded=False, layout="comfyui"))
 
 
 def export_model(path: str | Path, out: str | Path, layout: str = "diffusers", use_ema: bool = True,
@@ -108,6 +152,8 @@ def export(path: str | Path, fmt: str, out: str | Path, use_ema: bool = True, dt
     check_exportable(path)
     if fmt == "lora":
         return export_lora(path, out, use_ema, dtype, allow_pickle)
+    if fmt == "comfyui":
+        return export_comfyui_lora(path, out, use_ema, dtype, allow_pickle)
     if fmt == "safetensors":
         from nemo_vfm.inference.checkpoint import export_safetensors
 
