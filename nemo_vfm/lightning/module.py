@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
 
 from nemo_vfm.diffusion.conditioning import drop_condition
 
@@ -76,6 +75,8 @@ class DiffusionModule(L.LightningModule):
         self.ema: torch.nn.Module | None = None
         self.step_metrics: dict = {}  # the last step's loss and logs (device tensors): see _log_step
         self._has_moe: bool | None = None  # whether the network has MoE layers (found at the first step)
+        self._loss_bad: torch.Tensor | None = None  # a NaN/Inf loss among this step's micro-batches (device)
+        self.last_update_bad: torch.Tensor | None = None  # whether the last update was dropped (optimizer_step.py)
         # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
         self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay,
                                    "lora": lora})
@@ -148,6 +149,8 @@ class DiffusionModule(L.LightningModule):
         if self._log_step_now():
             self.log("train/lr", lr, batch_size=batch_size)  # a Python float becomes a device tensor: a copy + sync
         self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
+        bad = ~torch.isfinite(loss.detach())
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
 
     def _log_step_now(self) -> bool:
         """Whether this step is one Lightning writes logs at (every ``log_every_n_steps``)."""
@@ -220,18 +223,20 @@ class DiffusionModule(L.LightningModule):
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip through the precision plugin's ``clip_grad_by_norm`` / ``_by_value`` (the parallel strategy
-        makes the norm mesh-wide). Lightning's AMP plugin refuses to clip for fused optimizers (ours on CUDA)
-        because they unscale fp16 gradients inside ``step``; with no loss scaler (bf16, fp32) there is nothing
-        to unscale, so we clip directly. With a scaler (``16-mixed``) the optimizer is not fused
-        (``configure_optimizers``) and Lightning's own path runs."""
-        plugin = self.trainer.precision_plugin
-        if not gradient_clip_val or not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
-            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        if gradient_clip_algorithm in (None, "norm"):
-            plugin.clip_grad_by_norm(optimizer, gradient_clip_val)
-        else:
-            plugin.clip_grad_by_value(optimizer, gradient_clip_val)
+        """Lightning's last hook before the optimizer step (called with or without clipping): the gradient norm,
+        the non-finite decision and the clipping, in one place (:func:`nemo_vfm.lightning.optimizer_step.
+        prepare_update`); the decision is kept in ``last_update_bad`` for ``NonFiniteGuard`` to count."""
+        from nemo_vfm.lightning.optimizer_step import prepare_update
+        from nemo_vfm.parallel.pipeline import StageList
+
+        strategy = self.trainer.strategy
+        spec = getattr(strategy, "spec", None)
+        self.last_update_bad = prepare_update(
+            optimizer, list(self.model) if isinstance(self.model, StageList) else [self.model],
+            mesh=getattr(strategy, "parallel_mesh", None), pp_duplicated=spec.pp_duplicated if spec else (),
+            clip_val=gradient_clip_val, clip_algorithm=gradient_clip_algorithm, loss_bad=self._loss_bad,
+            scaler=getattr(self.trainer.precision_plugin, "scaler", None))
+        self._loss_bad = None
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """The optimizer step, then the EMA update: both before the callbacks' ``on_train_batch_end`` (where

@@ -10,11 +10,12 @@ checkpoint a stop message names is the newest whose weights are finite: those th
 resumed from are known, older ones are read; newer ones holding NaN/Inf are moved aside (``*.nonfinite``,
 rank 0) so that the same command resumes from the one named.
 
-Cost per optimizer step: one multi-tensor norm of the local gradients (none where ``VFMParallelStrategy``
-clips by norm: its mesh-wide norm is the check), a few scalar kernels, and under
-several processes one scalar all-reduce; no host synchronisation where the optimizer takes a device-side
-skip flag (fused AdamW, the default on CUDA: ``optimizer.found_inf``, as ``GradScaler`` uses it). Other
-optimizers read the flag on the host each step (free on the CPU; one synchronisation per step on a GPU).
+The decision is made once per optimizer step by :func:`nemo_vfm.lightning.optimizer_step.prepare_update` (the
+gradient norm, mesh-wide under ``VFMParallelStrategy``, is the check, together with the step's losses) and this
+callback counts it: no pass of its own over the gradients, a few scalar kernels, and under several processes one
+scalar all-reduce; no host synchronisation where the optimizer takes a device-side skip flag (fused AdamW, the
+default on CUDA: ``optimizer.found_inf``, as ``GradScaler`` uses it). Other optimizers read the flag on the host
+each step (free on the CPU; one synchronisation per step on a GPU).
 The counters stay on the device and are read every ``check_every_n_steps`` (default: every step on the
 CPU, every ``log_every_n_steps`` elsewhere, where the step log already synchronises), and at each save, so
 a stop comes at most that many steps after the first bad one. Under fp16 loss scaling (``16-mixed``) the
@@ -102,13 +103,6 @@ def checkpoint_finite(path: Path) -> bool | None:
         return None
 
 
-def _clip_flags_nonfinite(trainer) -> bool:
-    """Whether this step's gradient clipping will mark a non-finite gradient norm in the optimizer's
-    ``found_inf`` (``VFMParallelStrategy``'s norm clipping does)."""
-    return (bool(getattr(trainer.strategy, "CLIP_FLAGS_NONFINITE", False)) and bool(trainer.gradient_clip_val)
-            and trainer.gradient_clip_algorithm in (None, "norm"))
-
-
 class NonFiniteGuard(L.Callback):
     """The ``trainer.nonfinite`` policy (see the module docstring); ``ckpt_dir`` names the checkpoint to resume
     from in the stop message."""
@@ -122,9 +116,7 @@ class NonFiniteGuard(L.Callback):
         self.policy, self.max_consecutive = policy, max_consecutive if policy == "skip" else 1
         self.check_every, self.ckpt_dir, self.ckpt_every = check_every_n_steps, ckpt_dir, checkpoint_every_n_steps
         self._state: torch.Tensor | None = None
-        self._loss_bad: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
-        self._pending: tuple | None = None  # (skip flag, step, device, loss) of a step whose clipping checks grads
         self._reported = 0
         self.nonfinite_steps = 0  # as of the last check
         self._finite_steps: set[int] = set()  # checkpoints known to hold finite weights: saved by this run, resumed
@@ -151,46 +143,15 @@ class NonFiniteGuard(L.Callback):
 
     # -- per step (device only) ---------------------------------------------------------------------------
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        loss = loss.detach()
-        bad = ~torch.isfinite(loss)
-        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
-        self._loss = loss
+        self._loss = loss.detach()  # for "the last finite loss" of a stop message
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        import torch.distributed as dist
-
-        device = pl_module.device
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        # Where the strategy's norm clipping follows and flags a non-finite norm in the fused optimizer's
-        # skip flag, that norm is the check: no second pass over the gradients (counted after the step).
-        by_clip = scaler is None and bool(optimizer.defaults.get("fused")) and _clip_flags_nonfinite(trainer)
-        bad = torch.zeros((), dtype=torch.bool, device=device) if scaler is not None or by_clip else \
-            _any_nonfinite([p.grad for p in params if p.grad is not None], device)
-        if self._loss_bad is not None:
-            bad = bad | self._loss_bad.to(device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            flag = bad.to(torch.float32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank drops the same updates
-            bad = flag > 0
-        if scaler is None:
-            if optimizer.defaults.get("fused"):
-                optimizer.found_inf = bad.to(torch.float32)  # the fused kernel skips the whole update on device
-            elif bool(bad):  # host read: free on the CPU
-                for p in params:
-                    p.grad = None  # the optimizer skips parameters without gradients; clipping sees none
-        if by_clip:  # the clipping completes the flag: count it once the step has run
-            self._pending = (optimizer.found_inf, trainer.global_step + 1, device, self._loss)
-        else:
-            self._count(bad, trainer.global_step + 1, device)
-        self._loss_bad, self._loss = None, None
-
-    def _count_pending(self) -> None:
-        if self._pending is not None:
-            flag, step, device, self._loss = self._pending
-            self._pending = None
-            self._count(flag > 0, step, device)
-            self._loss = None
+    def _count_update(self, trainer, pl_module) -> None:
+        """Count the decision of the optimizer step that just ran (``DiffusionModule.last_update_bad``, made by
+        :func:`nemo_vfm.lightning.optimizer_step.prepare_update`); nothing on micro-batches that only accumulate."""
+        bad = getattr(pl_module, "last_update_bad", None)
+        if bad is not None:
+            pl_module.last_update_bad = None
+            self._count(bad, trainer.global_step, bad.device)
 
     def _count(self, bad: torch.Tensor, step: int, device) -> None:
         if self._state is None or self._state.device != torch.device(device):
@@ -220,13 +181,12 @@ class NonFiniteGuard(L.Callback):
                 or step >= trainer.max_steps > 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._count_pending()
+        self._count_update(trainer, pl_module)
         if self._due(trainer):
             self.check(trainer, pl_module)
 
     def check(self, trainer, pl_module=None) -> None:
         """Read the counters; raise :class:`NonFiniteError` when the policy says stop, else report skips."""
-        self._count_pending()
         if self._state is None:
             return
         total, _, longest, first, start, loss, loss_step = self._state.tolist()

@@ -70,9 +70,6 @@ FAMILY_KEYWORDS = {"activation_checkpointing_every": "ac_every", "fsdp_reshard_a
 class VFMParallelStrategy(ModelParallelStrategy):
     """4D-parallel strategy. Knob names follow NeMo/Megatron; see the module docstring."""
 
-    # Norm clipping marks a NaN/Inf gradient norm in the fused optimizer's ``found_inf`` (NonFiniteGuard reads it)
-    CLIP_FLAGS_NONFINITE = True
-
     def __init__(
         self,
         *,
@@ -248,7 +245,6 @@ class VFMParallelStrategy(ModelParallelStrategy):
                                            device=self.root_device, pp_duplicated=self.spec.pp_duplicated)
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
         self._setup_grad_reducer(module.model)
-        self._install_clipping()
         if self.world_size > 1:
             from nemo_vfm.lightning.sigterm import install_host_sigterm_check
 
@@ -317,29 +313,6 @@ class VFMParallelStrategy(ModelParallelStrategy):
             torch.distributed.broadcast(buf, src=0)
             if buf.data_ptr() != data.data_ptr():
                 data.copy_(buf)
-
-    def _install_clipping(self) -> None:
-        """Norm clipping over the whole mesh. With a fused optimizer (AdamW on CUDA) and no loss scaler the
-        gradients are not rescaled in a pass of their own: the optimizer's kernel divides them by its
-        ``grad_scale`` (``max(norm / clip_val, 1)``), so clipping costs one norm."""
-        from nemo_vfm.parallel.grads import clip_grad_norm_, total_grad_norm
-        from nemo_vfm.parallel.pipeline import StageList
-
-        strategy, duplicated = self, self.spec.pp_duplicated
-
-        def clip_grad_by_norm(optimizer, clip_val):
-            net = strategy.lightning_module.model
-            net = list(net) if isinstance(net, StageList) else net
-            if optimizer.defaults.get("fused") and getattr(strategy.precision_plugin, "scaler", None) is None:
-                norm = total_grad_norm(net, strategy.parallel_mesh, pp_duplicated=duplicated)
-                optimizer.grad_scale = torch.clamp((norm + 1e-6) / float(clip_val), min=1.0)  # = 1 / clip coefficient
-            else:
-                norm = clip_grad_norm_(net, float(clip_val), strategy.parallel_mesh, pp_duplicated=duplicated)
-            flag = getattr(optimizer, "found_inf", None)  # the fused optimizer's skip flag (NonFiniteGuard sets it)
-            if flag is not None:  # a non-finite mesh-wide norm means a NaN/Inf gradient somewhere: skip the update
-                torch.maximum(flag, (~torch.isfinite(norm)).to(flag.dtype), out=flag)
-
-        self.precision_plugin.clip_grad_by_norm = clip_grad_by_norm
 
     def batch_to_device(self, batch, device=None, dataloader_idx: int = 0):
         """On CUDA the batch is copied on a side stream that the compute stream then waits for: the host runs
@@ -425,15 +398,18 @@ class VFMParallelStrategy(ModelParallelStrategy):
             raise ValueError(f"accumulate_grad_batches={trainer.accumulate_grad_batches} is not supported with pipeline "
                              "parallelism (the schedule already accumulates micro-batches); set it to 1 and raise "
                              "the batch size or microbatches instead.")
-        data = trainer.datamodule
-        if getattr(data, "max_seq_length", None) is not None:
+        from nemo_vfm.data.protocol import missing_members
+
+        data = trainer.datamodule  # train() checked its data module; plain Lightning loaders declare nothing to check
+        if data is None or missing_members(data):
+            return
+        if data.max_seq_length is not None:
             raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism (the stages "
                                       "take (B, C, T, H, W) latents); set data.max_seq_length=None or "
                                       "pipeline_model_parallel_size=1.")
-        batch = getattr(data, "micro_batch_size", None) or getattr(data, "batch_size", None)  # Energon | others
         n = self.dims.pp_microbatches or self.dims.num_stages
-        if isinstance(batch, int) and batch % n:
-            raise ValueError(f"batch_size={batch} per data-parallel rank does not split into {n} pipeline "
+        if data.batch_size % n:
+            raise ValueError(f"batch_size={data.batch_size} per data-parallel rank does not split into {n} pipeline "
                              f"micro-batches; make it a multiple of {n} or set microbatches to a divisor of it.")
 
     def _build_stages(self, module) -> None:

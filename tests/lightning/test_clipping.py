@@ -1,5 +1,6 @@
 """Gradient clipping with a fused AdamW under bf16-mixed: Lightning's AMP plugin refuses it (it assumes an
-fp16 scaler), our module clips directly; the gradients the optimizer steps with have the clipped norm."""
+fp16 scaler), our module clips (``nemo_vfm.lightning.optimizer_step``): the fused kernel divides the gradients by
+its ``grad_scale``, so the gradients the optimizer steps with have the clipped norm."""
 
 import lightning as L
 import pytest
@@ -12,7 +13,8 @@ from nemo_vfm.models.dit.model import DiTConfig
 
 
 class _Probe(DiffusionModule):
-    """Records the gradient norm the optimizer sees (after Lightning's closure, where clipping runs)."""
+    """Records the gradient norm the optimizer steps with (after Lightning's closure, where clipping runs; a fused
+    AdamW divides the gradients by ``grad_scale`` inside its kernel)."""
 
     def configure_optimizers(self):
         out = super().configure_optimizers()
@@ -23,7 +25,8 @@ class _Probe(DiffusionModule):
             def wrapped():
                 result = closure()
                 grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                self.norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+                scale = float(getattr(opt, "grad_scale", None) or 1.0)
+                self.norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) / scale)
                 return result
 
             return step(closure=wrapped, **kwargs)
