@@ -24,6 +24,8 @@ from typing import Any
 import lightning
 import yaml
 
+from nemo_vfm.data.protocol import check_data_module
+
 
 @dataclass(kw_only=True)
 class TrainerConfig:
@@ -98,18 +100,16 @@ def _plain(obj):
 
 def validate(model, data) -> None:
     """Fail before building anything when the data does not fit the model (names the fix)."""
-    shape = getattr(data, "latent_shape", None)
-    if shape is not None:
-        c, t, h, w = shape
-        want = model.in_channels - getattr(model, "cond_channels", 0)  # Wan I2V: conditioning channels come apart
-        if c != want:
-            raise ValueError(f"the data has {c} latent channels but the model takes {want} "
-                             f"(model.in_channels={model.in_channels}); set model.in_channels={c}")
-        pt, ph, pw = model.patch_size
-        if t % pt or h % ph or w % pw:
-            raise ValueError(f"latent size (T={t}, H={h}, W={w}) is not divisible by model.patch_size={model.patch_size}; "
-                             "change the data size or the patch size")
-    ctx = getattr(data, "context_dim", None)
+    c, t, h, w = data.latent_shape
+    want = model.in_channels - getattr(model, "cond_channels", 0)  # Wan I2V: conditioning channels come apart
+    if c != want:
+        raise ValueError(f"the data has {c} latent channels but the model takes {want} "
+                         f"(model.in_channels={model.in_channels}); set model.in_channels={c}")
+    pt, ph, pw = model.patch_size
+    if t % pt or h % ph or w % pw:
+        raise ValueError(f"latent size (T={t}, H={h}, W={w}) is not divisible by model.patch_size={model.patch_size}; "
+                         "change the data size or the patch size")
+    ctx = data.context_dim
     if getattr(model, "context_dim", None) is not None and ctx is not None and ctx != model.context_dim:
         raise ValueError(f"the text encoder gives {ctx}-dim embeddings but model.context_dim={model.context_dim}; "
                          f"set model.context_dim={ctx}")
@@ -216,7 +216,8 @@ def _devices(devices, rank: int):
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
           cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
-    """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule).
+    """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule with the members of
+    :class:`~nemo_vfm.data.protocol.VideoDataModule`).
 
     ``init_from``: a checkpoint (file, DCP folder, or experiment folder: its newest) whose weights this run starts
     from, as the staged recipes do with the previous stage's run and fine-tuning does with a base model; ignored
@@ -248,13 +249,13 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
                                     "optim": optim, "log": log, "sampling": sampling, "ema_decay": ema_decay,
                                     "cond_dropout": cond_dropout, "seed": seed, "init_from": init_from, "lora": lora})
         L.seed_everything(seed, workers=True, verbose=False)
-        if getattr(data, "missing_class_samples", 0) and resume is None:
+        if data.missing_class_samples and resume is None:
             _write_class_samples(model, objective, data, init_from, sampling)
         module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
                                  lora=lora)
-        if hasattr(data, "build_encoders"):
+        if data.tokenizer_spec is not None:  # what vfm generate rebuilds
             module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
-                                            "latent_shape": list(data.latent_shape), "fps": getattr(data, "fps", None)}
+                                            "latent_shape": list(data.latent_shape), "fps": data.fps}
         callbacks, samples = _callbacks(model, data, trainer_cfg, log.dir, sampling, init_from, resume)
         pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank)
         _fit(pl_trainer, module, data, resume, log, rank)
@@ -276,6 +277,7 @@ def _check_expert(model, objective) -> None:
 
 
 def _validate_inputs(model, data, init_from, objective) -> None:
+    check_data_module(data)  # a custom data module lacking a member fails here, before anything is built
     _check_pretrained(model)
     _check_expert(model, objective)
     validate(model, data)
@@ -344,12 +346,12 @@ def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling,
         callbacks.append(ScheduledGC(t.gc_every_n_steps))
     if t.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
         callbacks.append(StepProgressBar(refresh_rate=t.log_every_n_steps))
-    samples = None
-    if sampling.enabled and hasattr(data, "build_encoders") and getattr(t.strategy, "pipeline_parallel", False):
+    samples, previews = None, sampling.enabled and data.tokenizer_spec is not None  # no encoders: no previews
+    if previews and getattr(t.strategy, "pipeline_parallel", False):
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
                       "sample from the checkpoint with vfm generate", stacklevel=3)
-    elif sampling.enabled and hasattr(data, "build_encoders"):
-        samples = SampleVideos(exp_dir, *_previews(data, sampling, getattr(data, "fps", None)), sampling.every_n_steps)
+    elif previews:
+        samples = SampleVideos(exp_dir, *_previews(data, sampling, data.fps), sampling.every_n_steps)
         callbacks.append(samples)
     if init_from is not None and resume is None:  # a new run of a later stage: the previous stage's weights
         callbacks.append(InitFrom(init_from))

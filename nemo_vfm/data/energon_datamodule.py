@@ -177,7 +177,14 @@ class EnergonDataModule(pl.LightningDataModule):
         self.text_encoder_spec = spec.get("text_encoder", {"name": self._peek[0].get("text_encoder"), "kwargs": {}})
         self._encoders = None
 
-    # ---- what train() reads: text width, a preview shape, prompts, the encoders ----------------------------
+    # ---- what train() reads (nemo_vfm.data.protocol.VideoDataModule) ------------------------------------
+    missing_class_samples = 0  # no DreamBooth class samples
+
+    @property
+    def batch_size(self) -> int:
+        """Alias of ``micro_batch_size`` (the constructor argument and the recipes' override)."""
+        return self.micro_batch_size
+
     @property
     def context_dim(self) -> int:
         return self._peek[0]["text_dim"]

@@ -48,11 +48,14 @@ class _DictDataset(Dataset):
 
 
 class _ResumableDataModule(L.LightningDataModule):
-    """Shared loader logic: a resumable sampler over an in-memory dataset."""
+    """Shared loader logic: a resumable sampler over an in-memory dataset (``nemo_vfm.data.protocol``'s
+    ``VideoDataModule``: in-memory batches are never packed, and only DreamBooth draws class samples)."""
 
     batch_size: int
     seed: int
     num_workers: int = 0
+    max_seq_length: int | None = None
+    missing_class_samples: int = 0
 
     def __init__(self):
         super().__init__()
@@ -178,10 +181,16 @@ class MockLatentDataModule(_ResumableDataModule):
         self.shape = (latent_channels, num_frames, height, width)
         self.context_dim, self.context_length, self.num_classes = context_dim, context_length, num_classes
         self.batch_size, self.num_samples, self.seed, self.fps = batch_size, num_samples, seed, fps
+        self.tokenizer_spec = self.text_encoder_spec = None  # no encoders
+        self.captions: list[str] = []
 
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         return self.shape
+
+    def build_encoders(self) -> None:
+        """None: random latents come from no tokenizer (no previews; ``tokenizer_spec`` is None)."""
+        return None
 
     def setup(self, stage: str | None = None):
         if self.dataset is not None:

@@ -32,8 +32,8 @@ def write_class_samples(net, objective, data, n: int, sampling, batch: int = 8, 
         k = min(batch, n - i)
         cfg = replace(sampling, seed=sampling.seed + 1000 + start + i)  # new noise per chunk and per refill
         videos, _ = generate_videos(net, objective, tok, text, [data.class_prompt] * k, data.latent_shape, cfg,
-                                    device=device, fps=getattr(data, "fps", None))
+                                    device=device, fps=data.fps)
         for j, v in enumerate(videos):
             written.append(write_video(out_dir / f"class_{start + i + j:05d}.mp4", tensor_to_frames(v),
-                                       fps=getattr(data, "fps", 8.0) or 8.0))
+                                       fps=data.fps or 8.0))
     return written

@@ -119,7 +119,11 @@ def _train_packed(rank, world, root, strategy_kw):
     from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
 
     class PackedData(L.LightningDataModule):
-        latent_shape, context_dim = (4, 3, 4, 4), 32
+        latent_shape, context_dim, fps, batch_size, max_seq_length = (4, 3, 4, 4), 32, None, 1, 32
+        missing_class_samples, tokenizer_spec, text_encoder_spec, captions = 0, None, None, []
+
+        def build_encoders(self):
+            return None
 
         def train_dataloader(self):
             from torch.utils.data import DataLoader
