@@ -118,58 +118,6 @@ def validate(model, data) -> None:
                          "embeddings; set model.context_dim=None or use data with captions")
 
 
-def _previews(data, sampling, fps):
-    """``(sample, write)`` for SampleVideos: the first captions of the dataset sampled with the module's network
-    and decoded by the data's tokenizer (every rank), then written (rank 0). When the captions are
-    synthetic-shapes captions, the videos are scored against them (:mod:`nemo_vfm.evaluation.shapes`): the
-    per-video table goes to ``stem.json``, the rates to the logs."""
-    from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
-    from nemo_vfm.inference.generate import generate_videos, write_videos
-
-    def sample(module):
-        tokenizer, text_encoder = data.build_encoders()
-        prompts = data.captions[: sampling.num_samples]  # known once the data module is set up
-        videos, _ = generate_videos(module.sampling_model(), module.objective, tokenizer, text_encoder, prompts,
-                                    data.latent_shape, sampling, device=module.device, fps=fps)
-        return videos
-
-    def write(videos, stem):
-        import json
-
-        prompts = data.captions[: sampling.num_samples]
-        upscale = max(1, 128 // max(videos.shape[-2:]))
-        files = write_videos(videos, stem, fps=fps or 8.0, upscale=upscale, captions=prompts)
-        if not prompts or not all(is_shapes_caption(p) for p in prompts):
-            return files
-        report = score_videos(videos, prompts)
-        Path(stem).with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-        return files + [Path(stem).with_suffix(".json")], metric_logs(report)
-
-    return sample, write
-
-
-class InitFrom(lightning.Callback):
-    """Start from another run's weights (the previous stage of a staged recipe): model and EMA, loaded into the
-    parallelised network before the first step; optimizer state, step and schedule start fresh."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def on_fit_start(self, trainer, pl_module):
-        from nemo_vfm.inference.checkpoint import load_weights, read_checkpoint_info
-        from nemo_vfm.parallel.pipeline import StageList
-
-        if isinstance(pl_module.model, StageList):
-            raise NotImplementedError("init_from under pipeline parallelism is not supported; initialise without PP "
-                                      "and resume that run's checkpoint with PP (checkpoints move between layouts).")
-        info = read_checkpoint_info(self.path)
-        load_weights(pl_module.model, info, use_ema=False)
-        if pl_module.ema is not None:
-            load_weights(pl_module.ema, info, use_ema=True)
-        if trainer.global_rank == 0:
-            print(f"initialised from {info.path} (step {info.step})")
-
-
 def _check_pretrained(model) -> None:
     """Fine-tuning from published weights: the folder must exist."""
     if getattr(model, "pretrained", None) and not Path(model.pretrained).exists():
@@ -324,6 +272,7 @@ def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling,
     """The run's callbacks, and its SampleVideos (None without previews)."""
     from nemo_vfm.lightning import checkpointing as ckpt_files
     from nemo_vfm.lightning.callbacks import (
+        InitFrom,
         MetricsHistory,
         SampleVideos,
         ScheduledGC,
@@ -351,7 +300,9 @@ def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling,
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "
                       "sample from the checkpoint with vfm generate", stacklevel=3)
     elif previews:
-        samples = SampleVideos(exp_dir, *_previews(data, sampling, data.fps), sampling.every_n_steps)
+        from nemo_vfm.inference.previews import training_previews
+
+        samples = SampleVideos(exp_dir, *training_previews(data, sampling, data.fps), sampling.every_n_steps)
         callbacks.append(samples)
     if init_from is not None and resume is None:  # a new run of a later stage: the previous stage's weights
         callbacks.append(InitFrom(init_from))

@@ -345,3 +345,25 @@ class SampleVideos(L.Callback):
 
     def on_train_end(self, trainer, pl_module):
         self._write(trainer, pl_module)
+
+
+class InitFrom(L.Callback):
+    """Start from another run's weights (the previous stage of a staged recipe): model and EMA, loaded into the
+    parallelised network before the first step; optimizer state, step and schedule start fresh."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_fit_start(self, trainer, pl_module):
+        from nemo_vfm.inference.checkpoint import load_weights, read_checkpoint_info
+        from nemo_vfm.parallel.pipeline import StageList
+
+        if isinstance(pl_module.model, StageList):
+            raise NotImplementedError("init_from under pipeline parallelism is not supported; initialise without PP "
+                                      "and resume that run's checkpoint with PP (checkpoints move between layouts).")
+        info = read_checkpoint_info(self.path)
+        load_weights(pl_module.model, info, use_ema=False)
+        if pl_module.ema is not None:
+            load_weights(pl_module.ema, info, use_ema=True)
+        if trainer.global_rank == 0:
+            print(f"initialised from {info.path} (step {info.step})")

@@ -43,7 +43,7 @@ Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_
 ``save_distributed_checkpoint=False``; each fails before the model is built.
 """
 
-import math
+import dataclasses
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -52,7 +52,11 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 
+from nemo_vfm.lightning.pipeline_strategy import PipelineStages, _flat_optimizer_state
+from nemo_vfm.parallel.config import ParallelConfig
 from nemo_vfm.parallel.dims import ParallelDims
+
+_SETTINGS = {f.name for f in dataclasses.fields(ParallelConfig)}  # VFMParallelStrategy's knobs that are not Lightning's
 
 
 def family_spec(model_or_config):
@@ -62,14 +66,11 @@ def family_spec(model_or_config):
     return spec(model_or_config, "train it without VFMParallelStrategy")
 
 
-# strategy knob -> the keyword the families' parallelize functions take, where the two differ
-FAMILY_KEYWORDS = {"activation_checkpointing_every": "ac_every", "fsdp_reshard_after_forward": "reshard_after_forward",
-                   "factorized_context_parallel": "factorized_cp"}
+class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
+    """4D-parallel strategy. Knob names follow NeMo/Megatron; each is a field of
+    :class:`~nemo_vfm.parallel.config.ParallelConfig` (``self.config``), documented there; see the module docstring."""
 
-
-class VFMParallelStrategy(ModelParallelStrategy):
-    """4D-parallel strategy. Knob names follow NeMo/Megatron; see the module docstring."""
-
+    # The fields of ParallelConfig (same names and defaults: tests/parallel/test_parallel_config.py), then Lightning's.
     def __init__(
         self,
         *,
@@ -99,42 +100,14 @@ class VFMParallelStrategy(ModelParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta = timedelta(minutes=30),
     ) -> None:
+        settings = {k: v for k, v in locals().items() if k in _SETTINGS}  # before any other local exists
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
         if pipeline_model_parallel_size > 1 and not save_distributed_checkpoint:
             raise ValueError("pipeline_model_parallel_size > 1 needs save_distributed_checkpoint=True: every rank holds "
                              "different stages, so no rank can write one consolidated checkpoint file.")
-        from nemo_vfm.parallel.activation_checkpoint import MODES
-
-        if activation_checkpointing not in MODES:
-            raise ValueError(f"activation_checkpointing must be one of {MODES}, got {activation_checkpointing!r}.")
-        if compile not in (True, False, "auto"):
-            raise ValueError(f"compile must be True, False or 'auto' (compile on CUDA devices only), got {compile!r}.")
-        from nemo_vfm.parallel.float8 import check_float8
-
-        check_float8(float8, float8_modules, tensor_model_parallel_size)  # torchao present, no TP
-        self.layout = dict(
-            tp=tensor_model_parallel_size, sequence_parallel=sequence_parallel, cp=context_parallel_size,
-            cp_kind=context_parallel_kind, pp=pipeline_model_parallel_size, pp_schedule=pipeline_schedule,
-            pp_microbatches=microbatches, dp_replicate=data_parallel_replicate_size, fsdp=fsdp,
-            ep=expert_model_parallel_size,
-        )
-        if expert_model_parallel_size > 1 and not fsdp:
-            raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
-                             "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
-        # Check the knobs against each other now (on the smallest world they fit), the world size later.
-        smallest = tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size
-        ep = expert_model_parallel_size
-        ParallelDims(world_size=smallest * data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
-        self.parallelize_kwargs = dict(
-            activation_checkpointing=activation_checkpointing, ac_every=activation_checkpointing_every,
-            compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-            attention_backend=attention_backend,
-            reshard_after_forward=fsdp_reshard_after_forward,  # False: ZeRO-2 (no second all-gather in backward)
-            factorized_cp=factorized_context_parallel,  # ST-DiT: "hybrid" (all-to-all + ring) or "ring"
-            float8=float8, float8_modules=float8_modules,  # FP8 linears in the blocks (torchao)
-        )
-        self.overlap_grad_reduce = overlap_grad_reduce  # plain DP: bucketed all-reduce during backward
+        self.config = ParallelConfig(**settings)  # every knob, documented and checked (nemo_vfm.parallel.config)
+        self.parallelize_kwargs = self.config.family_knobs  # resolved for the device at launch (compile="auto")
         self._grad_reducer = None  # nemo_vfm.parallel.grad_reduce.GradReducer, where it applies (setup)
         self._accumulating = False  # inside block_backward_sync: a micro-batch that only accumulates
         self._host_group = None  # gloo group of every rank, on CUDA (None: the default group is gloo)
@@ -147,11 +120,11 @@ class VFMParallelStrategy(ModelParallelStrategy):
     @property
     def pipeline_parallel(self) -> bool:
         """Whether the network is split into pipeline stages (``pipeline_model_parallel_size > 1``)."""
-        return self.layout["pp"] > 1
+        return self.config.pipeline_model_parallel_size > 1
 
     # -- layout -------------------------------------------------------------------------------------
     def _dims_kwargs(self, world: int) -> dict:
-        lay = dict(self.layout)
+        lay = self.config.layout
         fixed = lay["tp"] * lay["cp"] * lay["pp"]
         if lay["fsdp"]:
             return {**lay, "dp_shard": -1}
@@ -215,12 +188,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
     def family_knobs(self, spec) -> dict:
         """The knobs ``spec``'s family declares it reads (e.g. ``factorized_cp`` for ST-DiT); one it does not read,
         set away from its default, raises naming it."""
-        import inspect
-
-        params = inspect.signature(VFMParallelStrategy.__init__).parameters  # this class's own defaults
-        defaults = {FAMILY_KEYWORDS.get(n, n): p.default for n, p in params.items()}
-        names = {v: k for k, v in FAMILY_KEYWORDS.items()}
-        return spec.select_knobs(self.parallelize_kwargs, defaults, names)
+        return spec.select_knobs(self.parallelize_kwargs, ParallelConfig.family_defaults(), ParallelConfig.knob_names())
 
     def setup(self, trainer) -> None:
         from nemo_vfm.parallel.pipeline import StageList
@@ -254,7 +222,7 @@ class VFMParallelStrategy(ModelParallelStrategy):
         """Plain data parallel (no FSDP, TP or PP) with ``overlap_grad_reduce``: average the gradients over the
         data-parallel x CP ranks in buckets while backward runs (``nemo_vfm.parallel.grad_reduce``)."""
         dims = self.dims
-        if (self.overlap_grad_reduce and not dims.fsdp and dims.tp == 1 and not self.pipeline_parallel
+        if (self.config.overlap_grad_reduce and not dims.fsdp and dims.tp == 1 and not self.pipeline_parallel
                 and self.parallel_mesh.size("dp_cp") > 1 and self._grad_reducer is None):
             from nemo_vfm.parallel.grad_reduce import GradReducer
 
@@ -383,152 +351,6 @@ class VFMParallelStrategy(ModelParallelStrategy):
         # not Lightning's loader: it refuses networks without DTensors (one process, or plain replicas)
         return load_training_state(path, self.model, self.optimizers, strict=self.lightning_module.strict_loading,
                                    weights_only=weights_only)
-
-    # -- pipeline parallelism -----------------------------------------------------------------------
-    def _check_pipeline_support(self, cfg) -> None:
-        """What pipeline parallelism cannot run, refused before the model is built."""
-        trainer = self.lightning_module.trainer
-        if cfg is not None and family_spec(cfg).build_pipeline_stages is None:
-            raise NotImplementedError(f"{type(cfg).__name__} has no pipeline stages; set pipeline_model_parallel_size=1 "
-                                      "and use TP/CP/FSDP.")
-        if getattr(self.precision_plugin, "scaler", None) is not None:
-            raise ValueError("precision '16-mixed' scales the loss with a GradScaler, which cannot reach the losses "
-                             "inside the pipeline schedule; use 'bf16-mixed' or '32-true' with pipeline parallelism.")
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(f"accumulate_grad_batches={trainer.accumulate_grad_batches} is not supported with pipeline "
-                             "parallelism (the schedule already accumulates micro-batches); set it to 1 and raise "
-                             "the batch size or microbatches instead.")
-        from nemo_vfm.data.protocol import missing_members
-
-        data = trainer.datamodule  # train() checked its data module; plain Lightning loaders declare nothing to check
-        if data is None or missing_members(data):
-            return
-        if data.max_seq_length is not None:
-            raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism (the stages "
-                                      "take (B, C, T, H, W) latents); set data.max_seq_length=None or "
-                                      "pipeline_model_parallel_size=1.")
-        n = self.dims.pp_microbatches or self.dims.num_stages
-        if data.batch_size % n:
-            raise ValueError(f"batch_size={data.batch_size} per data-parallel rank does not split into {n} pipeline "
-                             f"micro-batches; make it a multiple of {n} or set microbatches to a divisor of it.")
-
-    def _build_stages(self, module) -> None:
-        """Replace ``module.model`` (and ``module.ema``) by this rank's parallelised stages, cut from the
-        network as initialised in ``configure_model`` (on the CPU, as in one process) after rank 0's
-        weights were broadcast; only the stages reach the device."""
-        from nemo_vfm.parallel.pipeline import StageList
-
-        kwargs = self.family_knobs(self.spec)
-        for name in ("model", "ema"):
-            net = getattr(module, name, None)
-            if net is None:
-                continue
-            self._materialize(net, torch.device("cpu"))
-            self._broadcast_weights(net)
-            stages, self._stage_ids = self.spec.build_pipeline_stages(net, self.parallel_mesh, **kwargs)
-            setattr(module, name, StageList(stages))
-
-    def pipeline_step(self, x: torch.Tensor, latent_thw: tuple[int, int, int], loss_fn, **cond):
-        """Forward and backward of one batch through this rank's stages.
-
-        ``x (B, C, T, H, W)``: the network input (used by the first stage); ``cond``: batch-first keyword
-        inputs for every stage (``timesteps (B,)``, ``context``...); ``loss_fn(out_mb, index_mb)``: a
-        micro-batch's share of the batch loss. Returns ``(loss, output (B, C_out, T, H, W))`` on the last
-        stage, ``(None, None)`` elsewhere; gradients are left in the stages' parameters.
-        """
-        n = self.pipeline.n_microbatches
-        if x.shape[0] % n:
-            raise ValueError(f"a batch of {x.shape[0]} samples per data-parallel rank does not split into {n} "
-                             f"pipeline micro-batches; make the batch size a multiple of {n}.")
-        patch = self.lightning_module.model_config.patch_size
-        tokens = math.prod(s // p for s, p in zip(latent_thw, patch))
-        if tokens % self.dims.token_split:  # checked on every rank: a raise on one stage only would hang the rest
-            raise ValueError(f"latents {tuple(latent_thw)} give {tokens} tokens, which do not split over "
-                             f"cp*tp(sp) = {self.dims.token_split} ranks; pipeline stages do not pad: use latent "
-                             "sizes whose token count divides it.")
-        runner = self._runners.get(tuple(x.shape))
-        if runner is None:  # a new bucket shape (or a last partial batch): its own P2P buffers
-            from nemo_vfm.parallel.pipeline import PipelineRunner
-
-            runner = self._runners[tuple(x.shape)] = PipelineRunner(
-                self.pipeline.stages, self._stage_ids, self.parallel_mesh, device=self.root_device,
-                pp_duplicated=self.spec.pp_duplicated)
-        for stage in runner.stages:
-            self.spec.set_stage_grid(stage, tuple(latent_thw))
-        return runner.step(x, loss_fn, **cond)
-
-    def _pipeline_backward(self, closure_loss):
-        """The schedule already ran backward inside ``training_step``: call Lightning's backward hooks,
-        then sum the duplicated conditioning over stages and finish TP/DP gradients."""
-        from nemo_vfm.parallel.grads import sync_grads
-
-        closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
-        closure_loss = self.precision_plugin.post_backward(closure_loss, self.lightning_module)
-        self.pipeline.sync_duplicated_grads()
-        for stage in self.pipeline.stages:
-            sync_grads(stage, self.parallel_mesh, tp_partial=self.spec.tp_partial)
-        return closure_loss
-
-    def lightning_module_state_dict(self) -> dict:
-        if not self.pipeline_parallel:
-            return super().lightning_module_state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        from nemo_vfm.parallel.checkpoint import model_state
-
-        return model_state(self.model, StateDictOptions(cpu_offload=True))[0]
-
-    def optimizer_state(self, optimizer) -> dict:
-        if not self.pipeline_parallel:
-            return super().optimizer_state(optimizer)
-        from lightning.pytorch.core.optimizer import LightningOptimizer
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        from nemo_vfm.parallel.checkpoint import flat_optimizer_state
-
-        if isinstance(optimizer, LightningOptimizer):
-            optimizer = optimizer._optimizer
-        return flat_optimizer_state(self.model, optimizer, StateDictOptions(cpu_offload=True))[0]
-
-    def _load_stages_checkpoint(self, path: Path, flat: bool | None, weights_only: bool) -> dict:
-        """Lightning's sharded-checkpoint loading for stages: weights and optimizer state by the whole
-        network's parameter names, then the rest (loops, schedulers, callbacks) from its metadata file."""
-        import torch.distributed.checkpoint as dcp
-        from lightning.fabric.utilities.load import _METADATA_FILENAME
-
-        from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
-        from nemo_vfm.parallel import checkpoint as ckpt
-
-        if not (path / ".metadata").is_file():
-            raise ValueError(f"{path} is not a sharded (DCP) checkpoint; a pipeline-parallel run resumes from the "
-                             "sharded folders it writes.")
-        if flat is None and self.optimizers:
-            raise ValueError(f"{path} holds no optimizer state, so training cannot resume from it; start a new run "
-                             "and load its weights (nemo_vfm.inference.checkpoint / the module's state_dict).")
-        if flat is False and self.optimizers:
-            raise ValueError(f"{path} was saved without pipeline parallelism (nested optimizer state); resume it with "
-                             "pipeline_model_parallel_size=1, or start a pipeline-parallel run from its weights only.")
-        model_sd, model_names = ckpt.model_state(self.model)
-        state, optim_names = {"state_dict": model_sd}, []
-        for i, opt in enumerate(self.optimizers):
-            state[f"optimizer_{i}"], names = ckpt.flat_optimizer_state(self.model, opt)
-            optim_names.append(names)
-        dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_pickle=not weights_only))
-        ckpt.set_model_states(self.model, state["state_dict"], model_names, strict=self.lightning_module.strict_loading)
-        for i, opt in enumerate(self.optimizers):
-            ckpt.set_flat_optimizer_state(self.model, opt, state[f"optimizer_{i}"], optim_names[i])
-        return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
-
-
-def _flat_optimizer_state(path: Path, allow_pickle: bool = False) -> bool | None:
-    """For a sharded checkpoint folder: whether its optimizer state is flattened (saved under PP); None
-    for a file or a folder without optimizer state."""
-    if not (path / ".metadata").is_file():
-        return None
-    from nemo_vfm.parallel.checkpoint import saved_flat_optimizer
-
-    return saved_flat_optimizer(path, "optimizer_0", allow_pickle=allow_pickle)
-
 
 def _record_stream(obj, stream) -> None:
     """``record_stream`` for every CUDA tensor in a batch (dicts, lists, tuples, dataclasses such as

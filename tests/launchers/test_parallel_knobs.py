@@ -50,7 +50,7 @@ def test_every_factory_takes_the_knobs_in_python():
         s.tensor_model_parallel_size, s.context_parallel_size = 2, 2
         built = fdl.build(recipe.trainer.strategy)
         assert isinstance(built, VFMParallelStrategy), name
-        assert built.layout["tp"] == 2 and built.layout["cp"] == 2, name
+        assert built.config.layout["tp"] == 2 and built.config.layout["cp"] == 2, name
 
 
 def test_unknown_knob_names_the_valid_ones(capsys):

@@ -99,7 +99,7 @@ def test_bad_expert_layouts_fail_before_building():
         ParallelDims(world_size=4, dp_replicate=2, dp_shard=2, ep=2)
     with pytest.raises(ValueError, match="fsdp=True"):
         VFMParallelStrategy(expert_model_parallel_size=2, fsdp=False)
-    assert VFMParallelStrategy(expert_model_parallel_size=4).layout["ep"] == 4
+    assert VFMParallelStrategy(expert_model_parallel_size=4).config.layout["ep"] == 4
     with pytest.raises(ValueError, match="num_experts=4 is not divisible"):
         check_moe(moe_config("ec"), ParallelDims(world_size=6, ep=3))
     with pytest.raises(NotImplementedError, match="pipeline"):

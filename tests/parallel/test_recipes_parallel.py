@@ -16,7 +16,7 @@ def test_fiddlers_compose_and_build():
     assert (s.tensor_model_parallel_size, s.sequence_parallel, s.context_parallel_size) == (2, True, 4)
     assert s.context_parallel_kind == "a2a" and s.fsdp and s.activation_checkpointing == "full"
     strategy = fdl.build(s)
-    assert isinstance(strategy, VFMParallelStrategy) and strategy.layout["cp"] == 4
+    assert isinstance(strategy, VFMParallelStrategy) and strategy.config.layout["cp"] == 4
     from fiddle.experimental import serialization
 
     assert "context_parallel_size" in serialization.dump_json(recipe)

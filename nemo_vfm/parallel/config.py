@@ -1,0 +1,111 @@
+"""The settings of ``VFMParallelStrategy`` in one place: :class:`ParallelConfig`, one documented field per
+``trainer.strategy.<name>`` knob (NeMo/Megatron names), checked against each other when built. The strategy keeps
+only Lightning's own settings (``save_distributed_checkpoint``, ``process_group_backend``, ``timeout``) apart.
+
+    cfg = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, context_parallel_size=4)
+    cfg.layout            # the ParallelDims keywords (tp, cp, pp, dp_replicate, fsdp, ep...)
+    cfg.family_knobs      # what the model families' parallelize functions take (activation_checkpointing, compile...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# strategy knob -> the keyword the families' parallelize functions take, where the two differ
+FAMILY_KEYWORDS = {"activation_checkpointing_every": "ac_every", "fsdp_reshard_after_forward": "reshard_after_forward",
+                   "factorized_context_parallel": "factorized_cp"}
+_LAYOUT = {"tensor_model_parallel_size": "tp", "sequence_parallel": "sequence_parallel", "context_parallel_size": "cp",
+           "context_parallel_kind": "cp_kind", "pipeline_model_parallel_size": "pp", "pipeline_schedule": "pp_schedule",
+           "microbatches": "pp_microbatches", "data_parallel_replicate_size": "dp_replicate", "fsdp": "fsdp",
+           "expert_model_parallel_size": "ep"}
+_STRATEGY_ONLY = ("overlap_grad_reduce",)  # read by the strategy itself, neither layout nor family knobs
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1
+    """TP: heads and MLP columns split over this many ranks."""
+    sequence_parallel: bool = False
+    """With TP: tokens split between the TP ranks outside attention/MLP (activation memory / TP)."""
+    context_parallel_size: int = 1
+    """CP: the token sequence split over this many ranks inside attention."""
+    context_parallel_kind: str = "ring"
+    """``ring`` (P2P, any head count) or ``a2a`` (all-to-all / Ulysses, heads per TP rank divisible by CP)."""
+    factorized_context_parallel: str = "hybrid"
+    """ST-DiT: ``hybrid`` (all-to-all for spatial, ring for temporal attention) or ``ring``."""
+    pipeline_model_parallel_size: int = 1
+    """PP: the blocks split into this many stages (families with pipeline stages: DiT, MovieGen)."""
+    pipeline_schedule: str = "1f1b"
+    """``1f1b``, ``interleaved`` or ``gpipe``."""
+    microbatches: int | None = None
+    """Pipeline micro-batches per step (None: one per stage)."""
+    fsdp: bool = True
+    """Data-parallel ranks shard parameters, gradients and optimizer state (FSDP2); False: plain data parallel."""
+    fsdp_reshard_after_forward: bool = True
+    """False: each block keeps its gathered weights from forward to backward (ZeRO-2: one all-gather per step)."""
+    overlap_grad_reduce: bool = True
+    """Plain data parallel: all-reduce gradients in buckets during backward (``nemo_vfm.parallel.grad_reduce``)."""
+    data_parallel_replicate_size: int = 1
+    """With FSDP: replicas of the sharded group (HSDP)."""
+    expert_model_parallel_size: int = 1
+    """EP: MoE experts split over this many data-parallel (FSDP) ranks."""
+    activation_checkpointing: str = "none"
+    """``none``, ``full``, ``selective``, ``save_attention``... (``nemo_vfm.parallel.activation_checkpoint.MODES``)."""
+    activation_checkpointing_every: int = 2
+    """``selective``: checkpoint every n-th block."""
+    compile: bool | str = "auto"
+    """``torch.compile`` the blocks: ``auto`` = on CUDA only."""
+    fuse_qkv: bool = True
+    """One GEMM for q, k, v where the linears are plain."""
+    float8: str | None = None
+    """``tensorwise`` or ``rowwise``: FP8 training of the blocks' linears through torchao (not with TP)."""
+    float8_modules: str = "mlp"
+    """Which linears ``float8`` converts: ``mlp`` or ``all``."""
+    param_dtype: str | None = "bf16"
+    """FSDP: the dtype parameters are gathered in for compute."""
+    reduce_dtype: str | None = "fp32"
+    """FSDP: the dtype gradients are reduced in."""
+    attention_backend: str = "auto"
+    """The SDPA kernel on CUDA: ``auto`` (cuDNN first), ``cudnn``, ``flash``, ``efficient``, ``math``."""
+
+    def __post_init__(self):
+        from nemo_vfm.parallel.activation_checkpoint import MODES
+        from nemo_vfm.parallel.dims import ParallelDims
+        from nemo_vfm.parallel.float8 import check_float8
+
+        if self.activation_checkpointing not in MODES:
+            raise ValueError(f"activation_checkpointing must be one of {MODES}, got {self.activation_checkpointing!r}.")
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto' (compile on CUDA devices only), got "
+                             f"{self.compile!r}.")
+        check_float8(self.float8, self.float8_modules, self.tensor_model_parallel_size)  # torchao present, no TP
+        if self.expert_model_parallel_size > 1 and not self.fsdp:
+            raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
+                             "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
+        # the knobs against each other, on the smallest world they fit (the world size is checked at launch)
+        smallest = self.tensor_model_parallel_size * self.context_parallel_size * self.pipeline_model_parallel_size
+        ep = self.expert_model_parallel_size
+        ParallelDims(world_size=smallest * self.data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
+
+    @property
+    def layout(self) -> dict:
+        """The :class:`~nemo_vfm.parallel.dims.ParallelDims` keywords (``dp_shard`` is decided at launch)."""
+        return {short: getattr(self, name) for name, short in _LAYOUT.items()}
+
+    @property
+    def family_knobs(self) -> dict:
+        """The settings the model families' parallelize functions read, under their keyword names."""
+        skip = set(_LAYOUT) | set(_STRATEGY_ONLY)
+        return {FAMILY_KEYWORDS.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in skip}
+
+    @classmethod
+    def family_defaults(cls) -> dict:
+        """The defaults of :attr:`family_knobs` (a knob at its default is not an error for a family that ignores it)."""
+        return {FAMILY_KEYWORDS.get(f.name, f.name): f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def knob_names(cls) -> dict:
+        """Family keyword -> the user-facing knob name, where they differ."""
+        return {v: k for k, v in FAMILY_KEYWORDS.items()}

@@ -1,0 +1,51 @@
+"""The strategy's settings live in one documented dataclass (``nemo_vfm.parallel.config.ParallelConfig``): the
+strategy's knobs are exactly its fields (same defaults), each field has a docstring, bad combinations fail when
+the config is built, and the families receive the same knobs as before."""
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+from nemo_vfm.lightning.strategy import VFMParallelStrategy
+from nemo_vfm.parallel.config import ParallelConfig
+
+LIGHTNING_OWN = {"save_distributed_checkpoint", "process_group_backend", "timeout"}
+
+
+def test_strategy_knobs_are_the_config_fields_with_the_same_defaults():
+    params = {n: p.default for n, p in inspect.signature(VFMParallelStrategy.__init__).parameters.items()
+              if n != "self" and n not in LIGHTNING_OWN}
+    assert params == {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+
+
+def test_every_field_is_documented():
+    tree = ast.parse(Path(inspect.getsourcefile(ParallelConfig)).read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ParallelConfig").body
+    documented = {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
+                  and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+    assert documented == {f.name for f in dataclasses.fields(ParallelConfig)}
+
+
+def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
+    s = VFMParallelStrategy(tensor_model_parallel_size=2, sequence_parallel=True, activation_checkpointing="full",
+                            fsdp_reshard_after_forward=False)
+    assert s.config.tensor_model_parallel_size == 2 and s.config.layout["tp"] == 2 and s.config.layout["sequence_parallel"]
+    assert s.parallelize_kwargs == {
+        "activation_checkpointing": "full", "ac_every": 2, "compile": "auto", "fuse_qkv": True, "float8": None,
+        "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32", "attention_backend": "auto",
+        "reshard_after_forward": False, "factorized_cp": "hybrid"}
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(activation_checkpointing="most"), "activation_checkpointing must be one of"),
+    (dict(compile="yes"), "compile must be True, False or 'auto'"),
+    (dict(expert_model_parallel_size=2, fsdp=False), "set fsdp=True"),
+])
+def test_bad_settings_fail_when_built(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ParallelConfig(**kw)
+    with pytest.raises(ValueError, match=match):
+        VFMParallelStrategy(**kw)
