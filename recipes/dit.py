@@ -1,5 +1,6 @@
 """DiT pre-training recipes: ``pretrain`` (base), ``pretrain_{s,b,l,xl,7b,14b,28b}``, ``pretrain_xl2_256``
-(the original class-conditional DiT-XL/2) and ``quickstart``.
+(the original class-conditional DiT-XL/2), ``quickstart``, and with sliding tile attention ``pretrain_xl_sparse``,
+``pretrain_7b_sparse``.
 
 GPU recipes run the fastest step we measured on one 80 GB GPU by default (``VFMParallelStrategy``: blocks
 compiled on CUDA, fused q/k/v, cuDNN attention, fused AdamW, bf16 autocast; docs/benchmarks.md). With several
@@ -145,6 +146,36 @@ def pretrain_7b() -> run.Partial:
     recipe = _sized("7b", "pretrain_7b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
     return parallel.layout_7b(recipe)
+
+
+@run.cli.factory(target=train)
+def pretrain_xl_sparse() -> run.Partial:
+    """DiT-XL with sliding tile attention (tiles of 4 x 8 x 4 latent tokens, 3 x 3 x 3 tiles around each query tile)
+    on longer videos, where a sparse pattern pays (docs/models.md "Sparse attention"): 8,192 tokens per sample
+    (32x32x32 latents, 28% of the tile pairs), batch 2 per GPU. GPU speed not measured yet.
+    CLI: ``python launchers/train.py --factory pretrain_xl_sparse --yes model.attention_window=[5,3,3]``
+    Python: ``recipe = finetune.with_sparse_attention(dit.pretrain_xl(), window=(5, 3, 3))``
+    """
+    from nemo_vfm_recipes.finetune import with_sparse_attention  # finetune imports this module
+
+    recipe = _sized("xl", "pretrain_xl_sparse", batch_size=2)
+    recipe.data = mock_data(batch_size=2, num_frames=32, height=32, width=32)
+    return with_sparse_attention(parallel.with_ddp(recipe), "sta", window=(3, 3, 3), tile=(4, 8, 4))
+
+
+@run.cli.factory(target=train)
+def pretrain_7b_sparse() -> run.Partial:
+    """``pretrain_7b`` (TP2 + SP + FSDP, 8,192 tokens) with sliding tile attention: tiles of 4 x 8 x 4 latent tokens,
+    3 x 3 x 3 tiles around each query tile (28% of the tile pairs). Sequence parallelism gathers the tokens before
+    attention, so the pattern applies per TP rank's heads. GPU speed not measured yet.
+    CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b_sparse --yes``
+    Python: ``recipe = finetune.with_sparse_attention(dit.pretrain_7b())``
+    """
+    from nemo_vfm_recipes.finetune import with_sparse_attention  # finetune imports this module
+
+    recipe = with_sparse_attention(pretrain_7b(), "sta", window=(3, 3, 3), tile=(4, 8, 4))
+    recipe.log.name = "pretrain_7b_sparse"
+    return recipe
 
 
 @run.cli.factory(target=train)

@@ -12,6 +12,8 @@
     # Wan 2.2: TI2V-5B with or without --image; A14B folders switch experts (--guidance-2: the low-noise expert's)
     vfm generate --ckpt /models/Wan2.2-TI2V-5B-Diffusers --prompt "..." [--image first.png]
     vfm generate --ckpt /models/Wan2.2-T2V-A14B-Diffusers --prompt "..." --guidance 4 --guidance-2 3
+    # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
+    vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
 
 import argparse
@@ -59,6 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="image-to-video (Wan I2V folders; optional for Wan 2.2 TI2V): the first frame")
     p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
                                                                 "(weights + config) and exit")
+    p.add_argument("--attention", default=None, choices=("dense", "sta", "vsa"),
+                   help="self-attention of a DiT or Wan network (default: the checkpoint's): dense, or sta (sliding "
+                        "tile attention, docs/models.md 'Sparse attention'); vsa only for a checkpoint trained with it")
+    p.add_argument("--attention-window", metavar="TxHxW", default=None,
+                   help="STA: key tiles per axis around each query tile, odd (default: the checkpoint's, else 3x3x3)")
+    p.add_argument("--attention-tile", metavar="TxHxW", default=None,
+                   help="sparse attention: latent tokens per tile (default: the checkpoint's, else 4x8x4 = 128 tokens, "
+                        "the block FlexAttention needs on CUDA)")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle a .ckpt that needs more than our config "
                                                                "classes (weights_only=False: runs any code the file "
                                                                "holds; only for files you trust)")
@@ -95,6 +105,40 @@ def check_args(args) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is an existing file; give a folder to write the videos into")
+
+
+def _thw(flag: str, text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{flag} takes three positive integers as TxHxW (e.g. 3x3x3), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def apply_attention_args(args, info) -> None:
+    """Set ``--attention``, ``--attention-window`` and ``--attention-tile`` on the checkpoint's model config
+    (validated by the config). VSA cannot be switched on or off here: its learned gates come from training."""
+    kind, window, tile = (getattr(args, n, None) for n in ("attention", "attention_window", "attention_tile"))
+    if kind is None and window is None and tile is None:
+        return
+    cfg = info.model_config
+    if not hasattr(cfg, "attention"):
+        raise ValueError(f"--attention applies to DiT and Wan checkpoints; this {type(cfg).__name__} network has dense "
+                         "attention only: drop --attention, --attention-window and --attention-tile")
+    kind = kind or cfg.attention
+    if (kind == "vsa") != (cfg.attention == "vsa"):
+        raise ValueError(f"--attention {kind} on a checkpoint trained with attention={cfg.attention!r}: VSA's learned "
+                         "gates exist only in a VSA-trained network; use --attention sta or dense (or train with "
+                         "model.attention=vsa)")
+    if window is not None and kind != "sta":
+        raise ValueError("--attention-window is the window of --attention sta; add --attention sta or drop it")
+    if tile is not None and kind == "dense":
+        raise ValueError("--attention-tile applies to sparse attention (--attention sta); add it or drop the tile")
+    changes = {"attention": kind}
+    if window is not None:
+        changes["attention_window"] = _thw("--attention-window", window)
+    if tile is not None:
+        changes["attention_tile"] = _thw("--attention-tile", tile)
+    info.model_config = dataclasses.replace(cfg, **changes)
 
 
 def default_compile(args, info, device) -> bool:
@@ -145,6 +189,7 @@ def _run(args) -> int:
     prompts = _prompts(args)
     info = read_checkpoint_info(args.ckpt, allow_pickle=trust)
     check_objective(info.objective, info.path)
+    apply_attention_args(args, info)
     gen = info.generation
     wan22 = False
     if info.kind == "wan":
@@ -205,8 +250,10 @@ def _run(args) -> int:
         out = Path(args.out)
         fps = gen.get("fps") or 8.0
         if rank == 0:
+            attention = getattr(info.model_config, "attention", "dense")
             print(f"generating {len(prompts)} video(s) of {frames}x{height}x{width} px ({channels}x{'x'.join(map(str, thw))} "
-                  f"latents) on {world} process(es): {layout.describe()}, {sampler} x {args.steps} steps, {dtype}")
+                  f"latents) on {world} process(es): {layout.describe()}, {sampler} x {args.steps} steps, {dtype}"
+                  + ("" if attention == "dense" else f", {attention} attention"))
         written, totals = [], {}
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]

@@ -3,10 +3,20 @@
 The attention math is a separate, swappable module (``.core``): parallelism (ring / all-to-all
 context parallel) and packed sequences replace it from outside without touching the model code.
 
-Legend: B batch, S query tokens, L key tokens (text), D hidden, Hn heads, Dh head dim.
+Sparse self-attention (``model.attention="sta"|"vsa"``, DiT and Wan): :class:`SparseAttentionCore` takes the
+place of :class:`SDPACore` and runs ``nemo_vfm.parallel.sparse_attention`` under the pattern of the current
+latent grid, which the model sets on it before its blocks run (:func:`set_attention_grid`). Under all-to-all
+context parallelism it is the inner core (all tokens, a slice of the heads), so the pattern applies unchanged.
+
+Legend: B batch, S query tokens, L key tokens (text), D hidden, Hn heads, Dh head dim, N = t*h*w grid tokens.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +24,84 @@ from torch import nn
 
 from nemo_vfm.models.common.embeddings import apply_rope
 from nemo_vfm.models.common.packed import PackedAttention
+from nemo_vfm.parallel.sparse_attention import SparsePattern, sparse_attention, vsa_coarse, vsa_topk
+from nemo_vfm.parallel.video_tiles import TileLayout, to_tiles
+
+ATTENTION_KINDS = ("dense", "sta", "vsa")
+SPARSE_FAMILIES = ("dit", "wan")  # the families whose models set the latent grid on their sparse cores
+# Config defaults: tile 4 x 8 x 4 = 128 tokens (FlexAttention's block on CUDA); STA window 3 x 3 x 3 tiles (3.57x
+# cuDNN dense fwd+bwd at Wan-1.3B 480p x 81f, docs/benchmarks.md); VSA keeps 10% of the key tiles (2.16x there)
+DEFAULT_TILE, DEFAULT_WINDOW, DEFAULT_SPARSITY = (4, 8, 4), (3, 3, 3), 0.9
+
+
+@dataclass(frozen=True)
+class SparseSettings:
+    """Sparse self-attention of a model: ``kind`` "sta" or "vsa", ``tile`` tokens per tile (t, h, w) of the patch
+    grid, ``window`` STA key tiles per axis (odd), ``sparsity`` VSA share of key tiles skipped per query tile."""
+
+    kind: str
+    tile: tuple[int, int, int]
+    window: tuple[int, int, int]
+    sparsity: float
+
+
+def _triple(owner: str, name: str, value, odd: bool = False) -> tuple[int, int, int]:
+    vals = list(value) if isinstance(value, (tuple, list)) else []
+    if len(vals) != 3 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in vals):
+        raise ValueError(f"{owner}.{name} must be three positive integers (t, h, w), got {value!r}")
+    if odd and any(v % 2 == 0 for v in vals):
+        raise ValueError(f"{owner}.{name} must be odd numbers of tiles (a window centred on the query tile), got "
+                         f"{tuple(vals)}; use e.g. {tuple(v + 1 - v % 2 for v in vals)}")
+    return tuple(int(v) for v in vals)
+
+
+def check_attention_settings(cfg, owner: str) -> None:
+    """Validate (and normalise to tuples) ``cfg.attention``, ``attention_tile``, ``attention_window`` and
+    ``attention_sparsity`` in place; ``owner`` names the config class in the errors. Warns about a sparse knob
+    set away from its default that the chosen kind does not read."""
+    if cfg.attention not in ATTENTION_KINDS:
+        raise ValueError(f"{owner}.attention must be one of {ATTENTION_KINDS}, got {cfg.attention!r}")
+    cfg.attention_tile = _triple(owner, "attention_tile", cfg.attention_tile)
+    cfg.attention_window = _triple(owner, "attention_window", cfg.attention_window, odd=True)
+    s = cfg.attention_sparsity
+    if not isinstance(s, numbers.Real) or isinstance(s, bool) or not 0 <= s < 1:
+        raise ValueError(f"{owner}.attention_sparsity must be a number in [0, 1) (the share of key tiles VSA "
+                         f"skips), got {s!r}")
+    unread = {"dense": ("attention_tile", "attention_window", "attention_sparsity"),
+              "sta": ("attention_sparsity",), "vsa": ("attention_window",)}[cfg.attention]
+    default = {"attention_tile": DEFAULT_TILE, "attention_window": DEFAULT_WINDOW,
+               "attention_sparsity": DEFAULT_SPARSITY}
+    for name in unread:
+        if getattr(cfg, name) != default[name]:
+            warnings.warn(f"{owner}.{name} has no effect with attention={cfg.attention!r}", stacklevel=4)
+
+
+def sparse_settings(cfg) -> SparseSettings | None:
+    """The sparse self-attention of a model config (None: dense). Configs saved before these fields existed
+    read the class defaults, i.e. dense."""
+    kind = getattr(cfg, "attention", "dense")
+    if kind == "dense":
+        return None
+    return SparseSettings(kind, tuple(cfg.attention_tile), tuple(cfg.attention_window), float(cfg.attention_sparsity))
+
+
+def check_sparse_layout(cfg, dims, family: str) -> None:
+    """Raise when ``cfg``'s sparse self-attention cannot run under the parallel ``dims`` (a family's
+    ``check_layout`` calls it): the pattern needs every token of a sample on the rank that attends."""
+    s = sparse_settings(cfg)
+    if s is None:
+        return
+    if dims.cp > 1 and dims.cp_kind != "a2a":
+        raise ValueError(f"{family} with attention={s.kind!r} needs all of a sample's tokens where attention runs, but "
+                         f"{dims.cp_kind} context parallelism (cp={dims.cp}) splits them; use all-to-all context "
+                         "parallelism (context_parallel_kind='a2a', `vfm generate --cp-kind a2a`; heads divisible by "
+                         "cp), or attention='dense'")
+    if dims.pp > 1:
+        raise NotImplementedError(f"attention={s.kind!r} under pipeline parallelism is not implemented (the stages "
+                                  "do not set the latent grid); use FSDP, TP or all-to-all CP, or attention='dense'")
+    if s.kind == "vsa" and dims.tp > 1:
+        raise NotImplementedError("attention='vsa' under tensor parallelism is not implemented (its gate projection "
+                                  "has no tensor-parallel plan); use FSDP or all-to-all CP, or attention='sta'")
 
 
 class SDPACore(nn.Module):
@@ -29,8 +117,108 @@ class SDPACore(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+class SparseAttentionCore(nn.Module):
+    """Self-attention under a sliding-tile (STA) or video-sparse (VSA) pattern of the latent grid, in place of
+    :class:`SDPACore`: ``q, k, v (B, Hn, S, Dh)`` in raster (t, h, w) token order -> ``(B, Hn, S, Dh)``, or for
+    VSA ``(B, Hn, S, 2 Dh)``: the fine output and each token's coarse (tile) output side by side, which the
+    attention module combines as ``fine + gate * coarse`` with its learned gate (so that the gate, computed on
+    local tokens, never has to pass through an all-to-all core).
+
+    ``grid`` (t, h, w) is set per forward by the model (:func:`set_attention_grid`). ``S`` may exceed
+    ``N = t*h*w`` by trailing padding (context / sequence parallel padding, which the callers already keep out
+    of the real queries' keys): the pattern runs on the first N tokens and the padding queries get zeros.
+    Packed batches and other masks are refused. ``backend``: see :func:`~nemo_vfm.parallel.sparse_attention.
+    sparse_attention` (``auto``: compiled FlexAttention on CUDA, masked dense attention for CPU gradients).
+    """
+
+    def __init__(self, settings: SparseSettings, backend: str = "auto"):
+        super().__init__()
+        self.settings, self.backend = settings, backend
+        self.grid: tuple[int, int, int] | None = None
+
+    def pattern(self) -> SparsePattern:
+        s = self.settings
+        if self.grid is None:
+            raise RuntimeError(f"attention={s.kind!r} needs the latent grid, which the model sets before its blocks "
+                               f"run; only the {' and '.join(SPARSE_FAMILIES)} families do (call "
+                               "set_attention_grid(model, grid) when driving blocks yourself)")
+        if s.kind == "sta":
+            return SparsePattern(kind="sta", grid_thw=self.grid, tile=s.tile, window=s.window)
+        n = TileLayout(self.grid, s.tile).num_tiles
+        return SparsePattern(kind="vsa", grid_thw=self.grid, tile=s.tile, topk=vsa_topk(s.sparsity, n))
+
+    # Outside the compiled block graphs: the kernels compile FlexAttention themselves (compiled blocks that trace
+    # the block-mask build into their graph failed to lower flex_attention in torch 2.11 on an H100)
+    @torch.compiler.disable
+    def forward(self, q, k, v, mask=None) -> torch.Tensor:
+        if isinstance(mask, PackedAttention):
+            raise NotImplementedError(f"attention={self.settings.kind!r} on packed batches is not implemented (one "
+                                      "tile pattern needs one latent grid); train on unpacked batches or use dense "
+                                      "attention")
+        pattern = self.pattern()
+        n, s_q = math.prod(pattern.grid_thw), q.shape[2]
+        if s_q < n or k.shape[2] < n:
+            raise ValueError(f"sparse attention over the {pattern.grid_thw} grid needs its {n} tokens on this rank, got "
+                             f"{s_q} queries and {k.shape[2]} keys; split tokens only with all-to-all context "
+                             "parallelism")
+        if mask is not None and s_q == n:
+            raise NotImplementedError("sparse attention takes no attention mask besides the trailing padding of "
+                                      "context / sequence parallelism")
+        q, k, v = q[:, :, :n], k[:, :, :n], v[:, :, :n]
+        if pattern.kind == "sta":
+            out = sparse_attention(q, k, v, pattern, backend=self.backend)
+        else:
+            zero = q.new_zeros(()).expand_as(q)  # fine only; the caller weighs the coarse output with its gate
+            fine = sparse_attention(q, k, v, pattern, gate=zero, backend=self.backend)
+            layout = pattern.layout
+            out_c, _ = vsa_coarse(to_tiles(q, layout), to_tiles(k, layout), to_tiles(v, layout), layout)
+            out = torch.cat([fine, out_c.index_select(2, layout.tile_of_token(q.device))], dim=-1)
+        return F.pad(out, (0, 0, 0, s_q - n)) if s_q > n else out
+
+    def extra_repr(self) -> str:
+        s = self.settings
+        what = f"window={s.window}" if s.kind == "sta" else f"sparsity={s.sparsity}"
+        return f"kind={s.kind}, tile={s.tile}, {what}, backend={self.backend}"
+
+
+def self_attention_core(sparse: SparseSettings | None = None) -> nn.Module:
+    """The self-attention core: :class:`SDPACore` (dense) or :class:`SparseAttentionCore`."""
+    return SDPACore() if sparse is None else SparseAttentionCore(sparse)
+
+
+def set_attention_grid(model: nn.Module, grid: tuple[int, int, int]) -> None:
+    """Tell every sparse self-attention core of ``model`` the (t, h, w) patch grid of this forward."""
+    grid = tuple(int(g) for g in grid)
+    for m in model.modules():
+        if isinstance(m, SparseAttentionCore):
+            m.grid = grid
+
+
+def vsa_gate(hidden_size: int, sparse: SparseSettings | None) -> nn.Linear | None:
+    """VSA's learned gate on the coarse output (FastVideo's ``to_gate_compress``: Linear(D, D) with bias on the
+    attention input); None for dense attention and STA. Zero-initialised (:func:`init_vsa_gate`)."""
+    return nn.Linear(hidden_size, hidden_size) if sparse is not None and sparse.kind == "vsa" else None
+
+
+def init_vsa_gate(gate: nn.Linear | None) -> None:
+    """Zeros, as FastVideo initialises the gate of a pretrained model that lacks it: the block starts from the
+    fine (top-k tile) attention alone and learns how much coarse attention to add."""
+    if gate is not None:
+        nn.init.zeros_(gate.weight)
+        nn.init.zeros_(gate.bias)
+
+
+def combine_vsa(out: torch.Tensor, gate: nn.Linear | None, x_BSD: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A core's output ``(B, Hn, S, Dh)``, or VSA's ``(B, Hn, S, 2 Dh)`` -> ``fine + gate(x) * coarse``."""
+    if gate is None:
+        return out
+    fine, coarse = out.chunk(2, dim=-1)
+    return fine + gate(x_BSD).unflatten(-1, (-1, head_dim)).transpose(1, 2) * coarse
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int, qk_norm: bool = True, bias: bool = True, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, num_heads: int, qk_norm: bool = True, bias: bool = True, eps: float = 1e-6,
+                 sparse: SparseSettings | None = None):
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
@@ -41,7 +229,8 @@ class SelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else nn.Identity()
         self.proj = nn.Linear(hidden_size, hidden_size, bias=bias)
-        self.core = SDPACore()
+        self.core = self_attention_core(sparse)
+        self.gate_compress = vsa_gate(hidden_size, sparse)  # VSA only: absent from dense / STA state dicts
 
     # Speed knob (off by default): project q, k, v with one matmul over the concatenated weights (one read
     # of the input, one wide GEMM). Used only where q/k/v are plain, hook-free nn.Linear layers with
@@ -75,7 +264,7 @@ class SelfAttention(nn.Module):
         v = self._heads(v)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = self.core(q, k, v, mask)  # (B, Hn, S, Dh)
+        out = combine_vsa(self.core(q, k, v, mask), self.gate_compress, x_BSD, self.head_dim)  # (B, Hn, S, Dh)
         return self.proj(out.transpose(1, 2).flatten(2))
 
     def init_weights(self):
@@ -86,6 +275,7 @@ class SelfAttention(nn.Module):
         for norm in (self.q_norm, self.k_norm):
             if isinstance(norm, nn.RMSNorm):
                 nn.init.ones_(norm.weight)
+        init_vsa_gate(getattr(self, "gate_compress", None))
 
 
 class CrossAttention(nn.Module):

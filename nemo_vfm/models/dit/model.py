@@ -15,7 +15,16 @@ import torch
 from torch import nn
 
 from nemo_vfm.models.common.adaln import AdaLNModulation, modulate
-from nemo_vfm.models.common.attention import CrossAttention, SelfAttention
+from nemo_vfm.models.common.attention import (
+    DEFAULT_SPARSITY,
+    DEFAULT_TILE,
+    DEFAULT_WINDOW,
+    CrossAttention,
+    SelfAttention,
+    check_attention_settings,
+    set_attention_grid,
+    sparse_settings,
+)
 from nemo_vfm.models.common.embeddings import build_model
 from nemo_vfm.models.common.mlp import build_mlp
 from nemo_vfm.models.common.moe import MoE, MoEConfig
@@ -48,6 +57,13 @@ class DiTConfig(StemConfig):
     timestep_scale: float = 1000.0
     norm_eps: float = 1e-6
     moe: MoEConfig | None = None  # mixture-of-experts feed-forward in every moe.every-th block (SwiGLU experts)
+    # Self-attention: "dense", or sparse over 3D tiles of the patch grid (docs/models.md "Sparse attention"):
+    # "sta" (a window of key tiles around each query tile) or "vsa" (top-k key tiles + gated coarse attention;
+    # adds a zero-initialised ``attn.gate_compress`` Linear per block). Cross-attention stays dense.
+    attention: str = "dense"
+    attention_tile: tuple[int, int, int] = DEFAULT_TILE  # tokens per tile (t, h, w); 128 = FlexAttention's CUDA block
+    attention_window: tuple[int, int, int] = DEFAULT_WINDOW  # STA: key tiles per axis around a query tile (odd)
+    attention_sparsity: float = DEFAULT_SPARSITY  # VSA: share of key tiles each query tile skips
 
     def __post_init__(self):
         self.patch_size = tuple(self.patch_size)
@@ -66,6 +82,7 @@ class DiTConfig(StemConfig):
             raise ValueError(f"DiTConfig.adaln_lora_rank must be >= 0, got {self.adaln_lora_rank}")
         if self.num_layers < 1 or self.in_channels < 1:
             raise ValueError("DiTConfig.num_layers and in_channels must be >= 1")
+        check_attention_settings(self, "DiTConfig")
 
     def build(self, device: str | torch.device | None = None) -> "DiT":
         """The network for this config (see :func:`build_dit`)."""
@@ -85,7 +102,7 @@ class DiTBlock(nn.Module):
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.has_cross = cfg.context_dim is not None
         self.norm1 = nn.LayerNorm(d, elementwise_affine=False, eps=eps)
-        self.attn = SelfAttention(d, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps)
+        self.attn = SelfAttention(d, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps, sparse=sparse_settings(cfg))
         if self.has_cross:
             self.norm_cross = nn.LayerNorm(d, elementwise_affine=False, eps=eps)
             self.cross_attn = CrossAttention(d, cfg.context_dim, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps)
@@ -128,12 +145,18 @@ class DiT(DiTStem):
     def forward_tokens(self, tokens, grid, timesteps, context, context_mask, class_labels, fps):
         """Patch tokens ``(B, S, D)`` -> ``(tokens (B, S, D), c (B, D))``: positions, conditioning, blocks."""
         tokens, rope, c, shared = self.embed(tokens, grid, timesteps, class_labels, fps)
+        if self.cfg.attention != "dense":
+            set_attention_grid(self, grid)
         for block in self.blocks:
             tokens = block(tokens, c, rope, context, context_mask, shared)
         return tokens, c
 
     def forward_tokens_packed(self, x, ps, packed, rope, ctx, timesteps, class_labels, fps):
         """Packed tokens ``(1, N, D)`` -> ``(tokens (1, N, D), c (G, D))`` (see :meth:`forward_packed`)."""
+        if self.cfg.attention != "dense":
+            raise NotImplementedError(f"DiTConfig.attention={self.cfg.attention!r} on packed batches is not implemented "
+                                      "(a tile pattern needs one latent grid per sequence); train on unpacked batches "
+                                      "or with attention='dense'")
         c, shared = self.condition(timesteps, class_labels, fps)  # (G, D)
         for block in self.blocks:
             x = block(x, c, rope, ctx, ps.cross_attn, shared, ps.self_attn, seg_ids=ps.seg_ids)

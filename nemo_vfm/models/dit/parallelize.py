@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from nemo_vfm.models.common.attention import check_sparse_layout
 from nemo_vfm.models.dit.flops import dit_forward_flops
 from nemo_vfm.models.dit.model import DiTConfig
 from nemo_vfm.models.dit.pipeline_stages import copy_stage as copy_stage
@@ -68,6 +69,7 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         tokens = (t // pt) * (h // ph) * (w // pw)
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=dims.pp == 1)
     check_moe(cfg, dims)
+    check_sparse_layout(cfg, dims, "DiT")
 
 
 def _moe_layers(block: nn.Module) -> list:

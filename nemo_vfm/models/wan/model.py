@@ -32,7 +32,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nemo_vfm.models.common.attention import SDPACore
+from nemo_vfm.models.common.attention import (
+    DEFAULT_SPARSITY,
+    DEFAULT_TILE,
+    DEFAULT_WINDOW,
+    SDPACore,
+    SparseSettings,
+    check_attention_settings,
+    combine_vsa,
+    init_vsa_gate,
+    self_attention_core,
+    set_attention_grid,
+    sparse_settings,
+    vsa_gate,
+)
 from nemo_vfm.models.common.embeddings import RoPE3D, apply_rope_interleaved, sinusoidal_embedding, unpatchify
 from nemo_vfm.models.common.mlp import linear_gelu
 from nemo_vfm.models.wan.norms import WanLayerNorm, WanRMSNorm
@@ -67,6 +80,13 @@ class WanConfig:
     norm_eps: float = 1e-6
     pretrained: str | None = None
     expert: str | None = None  # Wan 2.2 A14B: which expert of a two-expert ``pretrained`` folder, "high" or "low"
+    # Self-attention: "dense", or sparse over 3D tiles of the patch grid (docs/models.md "Sparse attention"):
+    # "sta" (a window of key tiles around each query tile) or "vsa" (top-k key tiles + gated coarse attention;
+    # adds a zero-initialised ``self_attn.gate_compress`` Linear per block). Cross-attention stays dense.
+    attention: str = "dense"
+    attention_tile: tuple[int, int, int] = DEFAULT_TILE  # tokens per tile (t, h, w); 128 = FlexAttention's CUDA block
+    attention_window: tuple[int, int, int] = DEFAULT_WINDOW  # STA: key tiles per axis around a query tile (odd)
+    attention_sparsity: float = DEFAULT_SPARSITY  # VSA: share of key tiles each query tile skips
 
     def __post_init__(self):
         self.patch_size = tuple(self.patch_size)
@@ -86,6 +106,7 @@ class WanConfig:
                                       "finetune_wan2_2_t2v_a14b with model.expert=high or low, objective.expert alike)")
         if self.expert not in (None, "high", "low"):
             raise ValueError(f"WanConfig.expert must be 'high', 'low' or None, got {self.expert!r}")
+        check_attention_settings(self, "WanConfig")
 
     @property
     def head_dim(self) -> int:
@@ -109,11 +130,9 @@ class WanConfig:
             with torch.device("meta"):
                 return WanModel(self)
         if self.pretrained:  # meta build, each tensor assigned from its shard (convert.load_pretrained's path)
-            from nemo_vfm.models.wan.weights import load_weights
-
             with torch.device("meta"):
                 model = WanModel(self)
-            load_weights(model, self.pretrained)
+            model.load_pretrained(self.pretrained)
             return model.to(device or "cpu")
         with torch.device(device or "cpu"):
             model = WanModel(self)
@@ -126,13 +145,18 @@ def _heads(x_BSD: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 class WanSelfAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qk_norm: bool = True, eps: float = 1e-6):
+    """Self-attention over the video tokens; ``sparse``: STA / VSA over tiles of the patch grid instead of dense
+    (``core`` becomes a :class:`~nemo_vfm.models.common.attention.SparseAttentionCore`; VSA adds ``gate_compress``)."""
+
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool = True, eps: float = 1e-6,
+                 sparse: SparseSettings | None = None):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
         self.norm_q = WanRMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.norm_k = WanRMSNorm(dim, eps) if qk_norm else nn.Identity()
-        self.core = SDPACore()
+        self.core = self_attention_core(sparse)
+        self.gate_compress = vsa_gate(dim, sparse)
 
     def forward(self, x_BSD: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
         q = _heads(self.norm_q(self.q(x_BSD)), self.head_dim)
@@ -140,7 +164,7 @@ class WanSelfAttention(nn.Module):
         v = _heads(self.v(x_BSD), self.head_dim)
         if rope is not None:
             q, k = apply_rope_interleaved(q, *rope), apply_rope_interleaved(k, *rope)
-        out = self.core(q, k, v, mask)  # (B, Hn, S, Dh)
+        out = combine_vsa(self.core(q, k, v, mask), self.gate_compress, x_BSD, self.head_dim)  # (B, Hn, S, Dh)
         return self.o(out.transpose(1, 2).flatten(2))
 
 
@@ -187,7 +211,7 @@ class WanBlock(nn.Module):
         super().__init__()
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.norm1 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
-        self.self_attn = WanSelfAttention(d, cfg.num_heads, cfg.qk_norm, eps)
+        self.self_attn = WanSelfAttention(d, cfg.num_heads, cfg.qk_norm, eps, sparse_settings(cfg))
         self.norm3 = WanLayerNorm(d, eps=eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
         self.cross_attn = WanCrossAttention(d, cfg.num_heads, cfg.qk_norm, eps, image=cfg.is_i2v)
         self.norm2 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
@@ -313,6 +337,8 @@ class WanModel(nn.Module):
         e, c = self.condition(timesteps)
         ctx = self.embed_text(context, context_mask)
         img = self.img_emb(image_embeds.to(ctx.dtype)) if cfg.is_i2v else None
+        if cfg.attention != "dense":
+            set_attention_grid(self, grid)
         for block in self.blocks:
             tokens = block(tokens, c, rope, ctx, img)
         out = self.head(tokens, e)  # (B, S, pt*ph*pw*C_out)
@@ -324,9 +350,7 @@ class WanModel(nn.Module):
         when the config names a ``pretrained`` folder, its weights (every parameter, streamed; also into an
         already parallelised model: meta build, parallelize, ``to_empty``, ``init_weights()``)."""
         if self.cfg.pretrained:
-            from nemo_vfm.models.wan.weights import load_weights
-
-            load_weights(self, self.cfg.pretrained)
+            self.load_pretrained(self.cfg.pretrained)
             return
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -347,6 +371,29 @@ class WanModel(nn.Module):
             nn.init.normal_(block.modulation, std=d**-0.5)
         nn.init.normal_(self.head.modulation, std=d**-0.5)
         nn.init.zeros_(self.head.head.weight)
+        for block in self.blocks:
+            init_vsa_gate(block.self_attn.gate_compress)
+
+    @torch.no_grad()
+    def load_pretrained(self, path: str) -> None:
+        """Stream a Wan folder's weights into this model (plain, meta or parallelised; ``weights.load_weights``).
+        VSA's gates are not in a published folder: they are zero-initialised (materialised first after a meta
+        build), so the model starts from the fine (top-k tile) attention of the pretrained weights."""
+        from nemo_vfm.models.wan.weights import load_weights
+
+        attns = [b.self_attn for b in self.blocks if b.self_attn.gate_compress is not None]
+        gates = [a.gate_compress for a in attns]
+        for a in attns:  # hidden while loading: the folder must match every other parameter exactly
+            a.gate_compress = None
+        try:
+            load_weights(self, path)
+        finally:
+            for a, g in zip(attns, gates):
+                a.gate_compress = g
+        for g in gates:
+            if g.weight.is_meta:
+                g.to_empty(device=self.head.head.weight.device)
+            init_vsa_gate(g)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

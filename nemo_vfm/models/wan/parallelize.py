@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nemo_vfm.models.common.attention import check_sparse_layout
 from nemo_vfm.models.dit.parallelize import KNOBS, parallelize_dit
 from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.models.wan.flops import wan_forward_flops
@@ -55,6 +56,7 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         for n, p in zip(latent_shape, cfg.patch_size):
             tokens *= n // p
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=True)
+    check_sparse_layout(cfg, dims, "Wan")
 
 
 class _ScaleGrad(torch.autograd.Function):
