@@ -19,6 +19,12 @@ state-dict keys and the diffusers export (``nemo_vfm.models.common.lora_export``
 
 State-dict keys: ``<path>.base.weight``, ``<path>.base.bias``, ``<path>.lora_A.weight``,
 ``<path>.lora_B.weight``. :func:`merge_lora_state_dict` folds them into plain ``<path>.weight`` keys.
+
+``frozen_dtype``: None keeps the frozen weights as built; "bf16" / "fp16" cast every frozen floating parameter;
+"fp8" stores each base weight as e4m3 bits with a per-output-channel scale
+(:class:`~nemo_vfm.models.common.fp8_weights.FP8FrozenLinear`: ``<path>.base.weight`` is then uint8 and
+``<path>.base.weight_scale`` sits beside it) and casts every other frozen parameter to bf16. The half-precision
+modes compute under bf16/fp16 autocast.
 """
 
 import fnmatch
@@ -32,6 +38,7 @@ from torch import nn
 from nemo_vfm.models.common.lora_names import plain_param_name  # noqa: F401  (re-exported)
 
 LORA_KEYS = (".lora_A.", ".lora_B.")
+FROZEN_DTYPES = (None, "bf16", "fp16", "fp8")
 
 
 @dataclass(kw_only=True)
@@ -44,11 +51,13 @@ class LoRAConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] | None = None
-    frozen_dtype: str | None = None  # "bf16": keep the frozen weights in bf16 (half the memory; needs bf16 autocast)
+    # "bf16": the frozen weights in bf16 (half the memory); "fp8": base weights as e4m3 + row scales (1 byte a
+    # weight), the other frozen weights in bf16. Both need bf16 autocast.
+    frozen_dtype: str | None = None
 
     def __post_init__(self):
-        if self.frozen_dtype not in (None, "bf16", "fp16"):
-            raise ValueError(f"LoRAConfig.frozen_dtype must be None, 'bf16' or 'fp16', got {self.frozen_dtype!r}")
+        if self.frozen_dtype not in FROZEN_DTYPES:
+            raise ValueError(f"LoRAConfig.frozen_dtype must be one of {FROZEN_DTYPES}, got {self.frozen_dtype!r}")
         if self.rank < 1:
             raise ValueError(f"LoRAConfig.rank must be >= 1, got {self.rank}")
         if self.alpha <= 0:
@@ -117,6 +126,7 @@ class LoRALinear(nn.Module):
         if self.merged:
             return
         self._check_plain()
+        self._check_not_fp8()
         self.base.weight.add_(self.delta_weight().to(self.base.weight.dtype))
         self.merged = True
 
@@ -125,6 +135,7 @@ class LoRALinear(nn.Module):
         if not self.merged:
             return
         self._check_plain()
+        self._check_not_fp8()
         self.base.weight.sub_(self.delta_weight().to(self.base.weight.dtype))
         self.merged = False
 
@@ -134,6 +145,13 @@ class LoRALinear(nn.Module):
         if any(isinstance(p, DTensor) for p in self.parameters()):
             raise RuntimeError("merge/unmerge work on a plain (unparallelized) model; merge before parallelizing, "
                                "or merge the saved weights (merge_lora_state_dict).")
+
+    def _check_not_fp8(self) -> None:
+        from nemo_vfm.models.common.fp8_weights import FP8FrozenLinear
+
+        if isinstance(self.base, FP8FrozenLinear):
+            raise NotImplementedError("merge/unmerge in place would re-quantise an FP8 base (frozen_dtype='fp8'); use "
+                                      "merge_lora(model), which puts a dequantised bf16 nn.Linear in its place")
 
     @staticmethod
     def tp_entries(path: str, style: str) -> dict[str, str]:
@@ -179,9 +197,16 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig | None = None, *, targets=None,
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, LoRALinear(lin, cfg.rank, cfg.alpha, cfg.dropout))
     if cfg.frozen_dtype is not None:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.frozen_dtype]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[cfg.frozen_dtype]
+        keep = set()
+        if cfg.frozen_dtype == "fp8":
+            from nemo_vfm.models.common.fp8_weights import FP8FrozenLinear
+
+            for m in lora_modules(model).values():
+                m.base = FP8FrozenLinear.from_linear(m.base, bias_dtype=dtype)
+                keep.add(id(m.base.weight_scale))  # fp32 (bf16-representable values)
         for p in model.parameters():
-            if not p.requires_grad and p.is_floating_point():
+            if not p.requires_grad and p.is_floating_point() and id(p) not in keep:
                 p.data = p.data.to(dtype)
     return [name for name, _ in chosen]
 
@@ -200,10 +225,25 @@ def init_lora_weights(model: nn.Module, seed: int = 0) -> None:
         m.reset_lora(g)
 
 
+@torch.no_grad()
 def merge_lora(model: nn.Module) -> nn.Module:
-    """Fold every adapter into its base weight and put the plain ``nn.Linear`` back (in place)."""
+    """Fold every adapter into its base weight and put the plain ``nn.Linear`` back (in place); an FP8 base
+    (``frozen_dtype="fp8"``) becomes a bf16 ``nn.Linear`` holding the dequantised weight plus the adapter."""
+    from nemo_vfm.models.common.fp8_weights import FP8FrozenLinear
+
     for name, m in lora_modules(model).items():
-        m.merge()
+        if isinstance(m.base, FP8FrozenLinear):
+            m._check_plain()
+            b = m.base.bias
+            plain = nn.Linear(m.in_features, m.out_features, bias=b is not None, device=b.device if b is not None
+                              else m.base.weight.device, dtype=torch.bfloat16)
+            plain.weight.copy_(m.base.dequantized_weight(torch.float32) + m.delta_weight())
+            if b is not None:
+                plain.bias.copy_(b)
+            plain.requires_grad_(False)
+            m.base, m.merged = plain, True
+        else:
+            m.merge()
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, m.base)
     return model
@@ -221,15 +261,21 @@ def has_lora(state: dict) -> bool:
 
 def merge_lora_state_dict(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """A plain model's state dict from a LoRA one: ``p.base.weight + scale * B @ A`` -> ``p.weight``,
-    ``p.base.bias`` -> ``p.bias``; adapter keys dropped."""
+    ``p.base.bias`` -> ``p.bias``; adapter keys dropped. An FP8 base (``p.base.weight_scale`` beside it) is
+    dequantised, and its merged weight is bf16."""
+    from nemo_vfm.models.common.fp8_weights import dequantize
+
     out = {}
     for k, v in state.items():
-        if any(s in k for s in LORA_KEYS):
+        if any(s in k for s in LORA_KEYS) or k.endswith(".base.weight_scale"):
             continue
         if k.endswith(".base.weight"):
             p = k[: -len(".base.weight")]
             a, b = state[p + ".lora_A.weight"], state[p + ".lora_B.weight"]
-            v = (v.float() + scale * (b.float() @ a.float())).to(v.dtype)
+            dtype = v.dtype
+            if p + ".base.weight_scale" in state:
+                v, dtype = dequantize(v, state[p + ".base.weight_scale"]), torch.bfloat16
+            v = (v.float() + scale * (b.float() @ a.float())).to(dtype)
             out[p + ".weight"] = v
         elif k.endswith(".base.bias"):
             out[k[: -len(".base.bias")] + ".bias"] = v

@@ -156,10 +156,13 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert
     ``model`` may be plain, built on the meta device (parameters assigned as read), or already parallelised:
     a DTensor parameter (FSDP2, TP) gets only its local shard, read as a slice of the safetensors tensor, so no
     rank reads (or holds) a full copy of the model. A network with LoRA adapters takes the weights as its base
-    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``). ``expert``: which
-    network of a two-expert folder (default: the model config's ``expert``)."""
+    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``). An FP8 base
+    (``frozen_dtype="fp8"``) is quantised as it is read (``fp8_weights.fill_quantized``: each rank reads whole rows
+    of its shard); its ``weight_scale`` is computed, not read. ``expert``: which network of a two-expert folder
+    (default: the model config's ``expert``)."""
     from safetensors import safe_open
 
+    from nemo_vfm.models.common.fp8_weights import FP8FrozenLinear, fill_quantized, quantize_rowwise
     from nemo_vfm.models.common.lora_names import adapted_paths, plain_param_name
     from nemo_vfm.parallel.grads import clean_name  # wrapper prefixes (activation checkpointing, compile)
     from nemo_vfm.parallel.materialize import fill_local
@@ -168,10 +171,12 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert
     params = {}
     for mn, m in model.named_modules():
         for pn, _ in m.named_parameters(recurse=False):
+            if pn == "weight_scale" and isinstance(m, FP8FrozenLinear):
+                continue  # an FP8 base's scales: computed from its weight as it is read
             name = plain_param_name(clean_name(f"{mn}.{pn}" if mn else pn), lora_paths)
             if name is not None:  # adapters are not in a Wan folder
                 params[name] = (m, pn)
-    seen, n_read = set(), 0
+    seen, leaves, n_read = set(), set(), 0
     layout = None
     expert = expert or getattr(getattr(model, "cfg", None), "expert", None)
     for f in weight_files(path, expert):
@@ -182,6 +187,7 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert
                 if layout == "diffusers" and ".norm_added_q." in key:
                     continue
                 name = from_diffusers_name(key) if layout == "diffusers" else key
+                leaves.add(name.rpartition(".")[2])
                 if name not in params:
                     if strict:
                         raise KeyError(f"{f.name} has {key!r} ({name!r}) that this Wan model lacks: the weights do not "
@@ -193,15 +199,33 @@ def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert
                 if tuple(src.get_shape()) != tuple(p.shape):
                     raise ValueError(f"{key}: shape {tuple(src.get_shape())} in the weights, {tuple(p.shape)} in the "
                                      f"model; the config does not match the checkpoint")
+                read = lambda region, k=key, s=src: sf.get_tensor(k) if region is None else s[region]
+                fp8 = isinstance(mod, FP8FrozenLinear) and attr == "weight"  # a frozen LoRA base stored as e4m3
                 if p.is_meta:
                     t = sf.get_tensor(key)
-                    setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
+                    if fp8:
+                        bits, scale = quantize_rowwise(t)
+                        mod.weight = nn.Parameter(bits, requires_grad=False)
+                        mod.weight_scale = nn.Parameter(scale, requires_grad=False)
+                    else:
+                        setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
                     n_read += t.numel()
                 else:
-                    n_read += fill_local(p, lambda region, k=key, s=src: sf.get_tensor(k) if region is None else s[region])
+                    n_read += fill_quantized(mod, read) if fp8 else fill_local(p, read)
                 seen.add(name)
     missing = set(params) - seen
     if strict and missing:
-        raise KeyError(f"the weights in {path} lack {len(missing)} parameters of this Wan model, e.g. "
-                       f"{sorted(missing)[:3]}; the config does not match the checkpoint")
+        raise KeyError(_missing_message(path, missing, leaves))
     return n_read
+
+
+def _missing_message(path, missing: set[str], leaves: set[str]) -> str:
+    """Why a folder lacks parameters of the model: parameters of a kind no Wan folder holds (``leaves``: the last
+    name pieces the folder has) are not a config mismatch but a part of the network this loader does not fill."""
+    foreign = sorted(n for n in missing if n.rpartition(".")[2] not in leaves)
+    if foreign:
+        return (f"{len(foreign)} parameters of this Wan model are of a kind no Wan weights folder holds, e.g. "
+                f"{foreign[:3]}: they were added to the network after it was built (by a LoRA or model option) and "
+                f"nemo_vfm's Wan loader does not fill them; not a config mismatch: report it with the option used")
+    return (f"the weights in {path} lack {len(missing)} parameters of this Wan model, e.g. {sorted(missing)[:3]}; "
+            f"the config (flavor: layers, sizes; T2V vs I2V) does not match the checkpoint, or a shard is missing")
