@@ -24,7 +24,9 @@ sys.path.insert(0, str(ROOT / "launchers"))
 import train as launcher  # noqa: E402  (launchers/train.py)
 
 launcher.register_recipes()
-FACTORIES = sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train)]))
+# the Cosmos recipes train from a saved Cosmos folder: tests/test_recipes_cosmos.py runs this same check on one
+FACTORIES = sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train)]) if "_cosmos_" not in key[-1])
+COSMOS = sorted(key[-1] for key in catalogue._get_all([get_type_namespace(train)]) if "_cosmos_" in key[-1])
 SIZE = dict(num_layers=2, hidden_size=32, num_heads=2)
 ONE_PROCESS = dict(tensor_model_parallel_size=1, context_parallel_size=1, pipeline_model_parallel_size=1,
                    expert_model_parallel_size=1, data_parallel_replicate_size=1, sequence_parallel=False)
@@ -77,6 +79,12 @@ def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
     recipe.log.root, recipe.log.name, recipe.log.tensorboard = str(root), name, False
     recipe.init_from = None  # staged and DreamBooth recipes start fresh here (init_from: test_recipes_upstream.py)
     return recipe
+
+
+def test_the_cosmos_recipes_are_checked_elsewhere():
+    """A new Cosmos factory must join tests/test_recipes_cosmos.py's list (which trains and resumes each)."""
+    checked = Path(__file__).with_name("test_recipes_cosmos.py").read_text()
+    assert COSMOS and all(f'"{name}"' in checked for name in COSMOS)
 
 
 @pytest.mark.parametrize("name", FACTORIES)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from nemo_vfm.inference.checkpoint_info import CheckpointInfo
+from nemo_vfm.io.config_header import from_header_json, to_header_json
 
 META_KEY = "nemo_vfm"  # safetensors header entry holding the JSON config
 
@@ -67,47 +68,6 @@ def resolve_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path:
     return path
 
 
-# -- configs as JSON (safetensors header) ---------------------------------------------------------------
-def _to_json(obj):
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {"__class__": f"{type(obj).__module__}:{type(obj).__qualname__}"}
-        out.update({f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init})
-        return out
-    if isinstance(obj, dict):
-        return {str(k): _to_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_json(v) for v in obj]
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    raise TypeError(f"cannot store {type(obj).__name__} in a safetensors header; keep configs to dataclasses of "
-                    "plain values")
-
-
-def _from_json(obj, path=None):
-    """Rebuild configs from a header: plain values, and ``{"__class__": "module:Name", ...}`` only for our config
-    classes (:func:`nemo_vfm.io.safe_load.config_class`); anything else is refused, nothing is imported."""
-    from nemo_vfm.io.safe_load import UnsafeCheckpointError, config_class
-
-    if isinstance(obj, dict):
-        obj = {k: _from_json(v, path) for k, v in obj.items()}
-        if "__class__" in obj:
-            name = obj.pop("__class__")
-            module, _, qualname = name.partition(":") if isinstance(name, str) else ("", "", "")
-            cls = config_class(module, qualname)
-            if cls is None or not dataclasses.is_dataclass(cls):
-                raise UnsafeCheckpointError(f"refusing to load {path or 'this file'}: its header names {name!r}, which "
-                                            "is not one of nemo_vfm's config classes; re-export it with "
-                                            "`vfm generate --export-safetensors` from a trusted checkpoint")
-            fields = {f.name for f in dataclasses.fields(cls) if f.init}
-            if set(obj) - fields:
-                raise ValueError(f"{path or 'the header'}: {name} has no field(s) {sorted(set(obj) - fields)}")
-            return cls(**obj)
-        return obj
-    if isinstance(obj, list):
-        return [_from_json(v, path) for v in obj]
-    return obj
-
-
 # -- reading ------------------------------------------------------------------------------------------
 def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> CheckpointInfo:
     if "model_config" not in hp:
@@ -128,6 +88,18 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
         from nemo_vfm.inference.wan import wan_checkpoint_info
 
         return wan_checkpoint_info(path)
+    from nemo_vfm.models.cosmos.convert import is_cosmos_folder
+
+    if Path(path).is_dir() and is_cosmos_folder(path):
+        from nemo_vfm.inference.cosmos import cosmos_checkpoint_info
+
+        return cosmos_checkpoint_info(path)
+    from nemo_vfm.models.hunyuan.convert import is_hunyuan_folder
+
+    if Path(path).is_dir() and is_hunyuan_folder(path):
+        raise NotImplementedError(f"{path} is a HunyuanVideo 1.5 folder: sampling from it is not implemented yet (no "
+                                  "Qwen2.5-VL / ByT5 text encoders here); fine-tune from it with model.pretrained, or "
+                                  "sample with hunyuan_objective(flavor).sample from Python")
     path = resolve_checkpoint(path, allow_pickle)
     if path.is_dir():
         meta = path / "meta.pt"
@@ -150,7 +122,7 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
             raise ValueError(f"{path} has no nemo_vfm config in its header (plain weights); write it with "
                              "nemo_vfm.inference.checkpoint.export_safetensors or `vfm generate --export-safetensors`")
         try:
-            meta = _from_json(json.loads(header), path)
+            meta = from_header_json(json.loads(header), path)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: the nemo_vfm header is not valid JSON ({e})") from e
         return CheckpointInfo(path, "safetensors", meta["model_config"], meta["objective"],
@@ -204,6 +176,10 @@ def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torc
         from nemo_vfm.models.wan.convert import load_pretrained
 
         return dict(load_pretrained(info.path, config=info.model_config).state_dict())
+    if info.kind == "cosmos":
+        from nemo_vfm.models.cosmos.convert import load_pretrained as load_cosmos
+
+        return dict(load_cosmos(info.path, config=info.model_config).state_dict())
     import torch.distributed.checkpoint as dcp
 
     md = _dcp_metadata(info)
@@ -242,11 +218,21 @@ def _copy_full(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
 
 def _base_view(own: dict) -> dict:
     """A LoRA network's state dict under the plain model's names: ``p.base.weight`` as ``p.weight`` (the same
-    tensors), adapters left out."""
+    tensors), adapters left out, and an FP8 base's ``p.base.weight_scale`` too (quantised from the weight on load)."""
     from nemo_vfm.models.common.lora import plain_param_name
 
     paths = {k.split(".lora_A.")[0] for k in own if ".lora_A." in k}
-    return {name: v for k, v in own.items() if (name := plain_param_name(k, paths)) is not None}
+    return {name: v for k, v in own.items() if (name := plain_param_name(k, paths)) is not None
+            and not (k.endswith(".base.weight_scale") and k.rsplit(".", 2)[0] in paths)}
+
+
+def _mismatch(info: CheckpointInfo, missing, have, unexpected=()) -> ValueError:
+    """The error for a checkpoint that lacks weights of the model (``have``: the checkpoint's keys)."""
+    foreign = [k for k in missing if k.rpartition(".")[2] not in {h.rpartition(".")[2] for h in have}]
+    why = (f"; {foreign[:3]} are of a kind no checkpoint of this model holds: this loader does not fill them (report "
+           "it with the LoRA / model options used)" if foreign else "; it was written for another model config")
+    return ValueError(f"{info.path} does not match this model: missing {len(missing)} weight(s), e.g. {missing[:3]}, "
+                      f"unexpected {list(unexpected)[:3]}{why if missing else ''}")
 
 
 def load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
@@ -284,20 +270,33 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
 
         load_wan(net, info.path)  # a LoRA network: its base weights (adapters kept)
         return
+    if info.kind == "cosmos":
+        from nemo_vfm.models.cosmos.weights import load_weights as load_cosmos
+
+        load_cosmos(net, info.path)
+        return
+    from nemo_vfm.models.common.fp8_weights import fill_quantized_from, quantized_bases
+
+    quantized = {}  # FP8 LoRA bases (frozen_dtype="fp8") by plain name: quantised from the checkpoint's float weights
     if net_lora and info.lora is None:  # a plain checkpoint into a LoRA network: its base weights, adapters kept
         own = _base_view(own)
+        quantized = quantized_bases(net, own)
+    fill = lambda k, v, full: fill_quantized_from(quantized[k], full) if k in quantized else _copy_full(v, full, k)
     raw = net_lora and info.lora is not None  # LoRA run into a LoRA network: the saved keys as they are
     if info.kind == "dcp" and (info.lora is None or raw):  # else: adapters merged on the full tensors (below)
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        keys = set(_dcp_metadata(info))
-        p = _prefix(keys, use_ema, "state_dict.")
-        missing = sorted(k for k in own if p + k not in keys)
+        md = _dcp_metadata(info)
+        p = _prefix(md, use_ema, "state_dict.")
+        missing = sorted(k for k in own if p + k not in md)
         if missing:
-            raise ValueError(f"{info.path} lacks {len(missing)} weight(s) of this model, e.g. {missing[:3]}")
-        dcp.load({"state_dict": {p[len("state_dict."):] + k: v for k, v in own.items()}},
+            raise _mismatch(info, missing, [k.removeprefix(p) for k in md])
+        dst = {k: torch.empty_like(v, dtype=md[p + k].properties.dtype) if k in quantized else v for k, v in own.items()}
+        dcp.load({"state_dict": {p[len("state_dict."):] + k: v for k, v in dst.items()}},
                  storage_reader=_dcp_reader(info), no_dist=not dist.is_initialized())
+        for k in (k for k in own if k in quantized):  # every rank in the same order (a row split needs a gather)
+            fill(k, own[k], dst[k])
         return
     if info.kind == "safetensors":
         from safetensors import safe_open
@@ -305,16 +304,16 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
         with safe_open(str(info.path), "pt") as f:
             missing = sorted(set(own) - set(f.keys()))
             if missing:
-                raise ValueError(f"{info.path} lacks {len(missing)} weight(s) of this model, e.g. {missing[:3]}")
+                raise _mismatch(info, missing, f.keys())
             for k, v in own.items():
-                _copy_full(v, f.get_tensor(k), k)
+                fill(k, v, f.get_tensor(k))
         return
     state = raw_state_dict(info, use_ema) if raw else full_state_dict(info, use_ema)
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
-        raise ValueError(f"{info.path} does not match this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise _mismatch(info, missing, state, unexpected)
     for k, v in own.items():
-        _copy_full(v, state[k], k)
+        fill(k, v, state[k])
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", use_ema: bool = True,
@@ -341,7 +340,7 @@ def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = T
     state = full_state_dict(info, use_ema)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    header = json.dumps(_to_json({"model_config": info.model_config, "objective": info.objective,
+    header = json.dumps(to_header_json({"model_config": info.model_config, "objective": info.objective,
                                   "generation": info.generation, "step": info.step}))
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,8 @@ def solve(objective, fn, noise: torch.Tensor, sampler: str, num_steps: int, prog
     check_sampler(objective, sampler)
     device = noise.device
     if is_flow(objective) and sampler == "unipc":
-        sigmas, times = samplers.flow_unipc_schedule(num_steps, objective.shift)
+        own = getattr(objective, "unipc_schedule", None)  # an objective whose pipeline uses other sigmas (Cosmos)
+        sigmas, times = own(num_steps) if own else samplers.flow_unipc_schedule(num_steps, objective.shift)
         return samplers.flow_unipc(fn, noise, sigmas, times, progress=progress)
     if is_flow(objective):
         times = objective.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))

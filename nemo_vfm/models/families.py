@@ -11,12 +11,14 @@ from nemo_vfm.models.spec import FamilySpec
 
 
 def _table() -> tuple[FamilySpec, ...]:
+    from nemo_vfm.models.cosmos.parallelize import SPEC as cosmos
     from nemo_vfm.models.dit.parallelize import SPEC as dit
+    from nemo_vfm.models.hunyuan.parallelize import SPEC as hunyuanvideo
     from nemo_vfm.models.moviegen.parallelize import SPEC as moviegen
     from nemo_vfm.models.stdit.parallelize import SPEC as stdit
     from nemo_vfm.models.wan.parallelize import SPEC as wan
 
-    return dit, stdit, moviegen, wan
+    return dit, stdit, moviegen, wan, cosmos, hunyuanvideo
 
 
 def family_spec(model_or_config, fallback: str = "use it without parallelism") -> FamilySpec:

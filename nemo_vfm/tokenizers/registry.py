@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_vfm.tokenizers.base import TextEncoder, VideoTokenizer
+from nemo_vfm.tokenizers.hunyuan_vae import build as _hunyuanvideo1_5
+from nemo_vfm.tokenizers.qwen_vl import build as _qwen2_5_vl
 
 
 def _identity(spatial_compression: int = 1):
@@ -74,6 +76,7 @@ TOKENIZERS: dict[str, Callable[..., VideoTokenizer]] = {
     "wan2_2": _diffusers("wan2_2"),
     "hunyuan": _diffusers("hunyuan"),
     "cogvideox": _diffusers("cogvideox"),
+    "hunyuanvideo1_5": _hunyuanvideo1_5,  # HunyuanVideo 1.5 (32 channels, 4x16x16)
     "cosmos_jit": _cosmos_jit,
 }
 
@@ -95,7 +98,8 @@ def _t5(variant: str):
     return build
 
 
-TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {"hash": _hash, "t5": _t5("t5"), "umt5": _t5("umt5")}
+TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {"hash": _hash, "t5": _t5("t5"), "umt5": _t5("umt5"),
+                                                      "qwen2_5_vl": _qwen2_5_vl}  # Cosmos-Predict2.5
 
 
 def _call(kind: str, registry: dict, name: str, kwargs: dict):

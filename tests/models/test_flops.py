@@ -16,9 +16,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from nemo_vfm.models.common.moe import MoEConfig
+from nemo_vfm.models.cosmos.flavors import cosmos_config
 from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
 from nemo_vfm.models.families import _table, family_spec
 from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops, train_step_flops
+from nemo_vfm.models.hunyuan.flavors import hunyuan_config
 from nemo_vfm.models.moviegen.flavors import moviegen_config
 from nemo_vfm.models.stdit.flavors import stdit_config
 from nemo_vfm.models.wan.flavors import wan_config
@@ -109,7 +111,8 @@ def test_wan_i2v_counts_the_image_tokens():
 
 
 def test_every_family_reports_and_an_unknown_config_does_not():
-    configs = [dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny")]
+    configs = [dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny"),
+               cosmos_config("tiny"), hunyuan_config("tiny")]
     assert {family_spec(c).name for c in configs} == {s.name for s in _table()}
     for cfg in configs:
         fwd = family_spec(cfg).flops(cfg, [24, 24], [5, 5], [GRID, GRID])

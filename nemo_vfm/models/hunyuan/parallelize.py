@@ -1,0 +1,76 @@
+"""How a :class:`~nemo_vfm.models.hunyuan.model.HunyuanVideoModel` is parallelised: the plan as data.
+
+Tensor parallel (the DiT machinery, ``nemo_vfm.models.dit.parallelize``): in every double block the two streams'
+q, k, v and the first MLP linear are column-parallel, the attention projections and the second MLP linear
+row-parallel, so each TP rank runs the joint attention on its heads. The per-head QK RMSNorm weights are shared by
+the local heads, so their gradients are summed over TP (``TP_PARTIAL``). The token refiner, the embedders and the
+modulations are replicated. FSDP2 shards each double block and the rest of the model at the root; activation
+checkpointing and compile wrap the double blocks.
+
+Not offered (:func:`check_layout` raises before anything is built): context parallelism and sequence
+parallelism (the joint attention puts the conditioning tokens in the same sequence as the video tokens, and no
+split of that sequence is implemented), and pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from nemo_vfm.models.dit.parallelize import parallelize_dit
+from nemo_vfm.models.hunyuan.flops import hunyuan_forward_flops
+from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
+from nemo_vfm.models.spec import FamilySpec, TokenSplit
+from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.mesh import ParallelMesh
+
+TP_PLAN: dict[str, str] = {
+    f"{s}_{name}": style
+    for s in ("img", "txt")
+    for name, style in (("attn_q", "colwise"), ("attn_k", "colwise"), ("attn_v", "colwise"),
+                        ("attn_proj", "rowwise"), ("mlp.fc1", "colwise"), ("mlp.fc2", "rowwise"))
+}
+TP_OPTIONAL = frozenset({"txt_attn_proj", "txt_mlp.fc1", "txt_mlp.fc2"})  # the last block has no text output
+TP_PARTIAL = ("double_blocks.*attn_[qk]_norm.weight",)
+PP_DUPLICATED: tuple[str, ...] = ()
+# The block arguments a token split would rewrite; never installed, since check_layout refuses CP and SP.
+TOKEN_SPLIT = TokenSplit(tokens=("x_BSD",), per_token_cond=(), rope="rope", masks=(), seg_ids=None)
+KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "param_dtype", "reduce_dtype",
+                   "attention_backend", "reshard_after_forward"})
+
+
+def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
+    """Fail before building anything if ``cfg`` (a HunyuanVideoConfig) does not fit ``dims``."""
+    if dims.pp > 1:
+        raise ValueError(f"HunyuanVideo has no pipeline-parallel plan (pp={dims.pp}); use "
+                         f"pipeline_model_parallel_size=1 with FSDP2 and/or tensor parallel instead.")
+    if dims.cp > 1:
+        raise NotImplementedError(f"context parallelism (cp={dims.cp}) is not implemented for HunyuanVideo (its joint "
+                                  f"attention mixes video and text tokens); use context_parallel_size=1 with FSDP2 "
+                                  f"and/or tensor parallel.")
+    if dims.sequence_parallel:
+        raise NotImplementedError("sequence parallelism is not implemented for HunyuanVideo (its joint attention "
+                                  "mixes video and text tokens); set sequence_parallel=False (tensor parallel works "
+                                  "without it).")
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=None, pad_tokens=True)
+
+
+def parallelize_hunyuan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpointing: str = "none",
+                        ac_every: int = 2, compile: bool = False, param_dtype: str | None = "bf16",
+                        reduce_dtype: str | None = "fp32", attention_backend: str = "auto",
+                        reshard_after_forward: bool = True) -> nn.Module:
+    """Apply TP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
+    check_layout(model.cfg, pmesh.dims)
+    return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
+                           compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                           attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
+                           check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT,
+                           sp_input_arity={}, self_attention_cores=("core",))
+
+
+parallelize = parallelize_hunyuan  # the family-generic name
+
+
+SPEC = FamilySpec(name="hunyuanvideo", config=HunyuanVideoConfig, parallelize=parallelize_hunyuan,
+                  check_layout=check_layout, knobs=KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
+                  token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
+                  flops=hunyuan_forward_flops)
