@@ -1,0 +1,23 @@
+"""The size limits of DESIGN.md's conventions, kept: no file in nemo_vfm over 400 lines, no function over 60 lines
+in nemo_vfm/lightning/ or nemo_vfm/train.py (where one training step and one run are read top to bottom)."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nemo_vfm"
+
+
+def test_no_file_over_400_lines():
+    long = {str(f.relative_to(PACKAGE)): n for f in PACKAGE.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > 400}
+    assert not long, f"split these files (over 400 lines): {long}"
+
+
+def test_no_function_over_60_lines_in_the_training_loop():
+    files = [*sorted((PACKAGE / "lightning").glob("*.py")), PACKAGE / "train.py"]
+    long = {}
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long[f"{f.relative_to(PACKAGE)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long, f"split these functions (over 60 lines): {long}"
