@@ -1,5 +1,6 @@
-"""The size limits of DESIGN.md's conventions, kept: no file in nemo_vfm over 400 lines, no function over 60 lines
-in nemo_vfm/lightning/ or nemo_vfm/train.py (where one training step and one run are read top to bottom)."""
+"""The package's size limits, kept (small files with names that explain themselves): no file in nemo_vfm over 400
+lines, no function over 60 lines in nemo_vfm/lightning/ or nemo_vfm/train.py (where one training step and one run
+are read top to bottom)."""
 
 import ast
 from pathlib import Path
