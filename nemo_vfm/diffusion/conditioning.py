@@ -2,7 +2,9 @@
 
 A conditioning dict holds the network's keyword inputs besides ``x`` and ``timesteps``:
 ``context (B, L, Dt)``, ``context_mask (B, L) bool``, ``class_labels (B,)``, ``fps (B,)``.
-The *null* condition is all-zero context with an all-False mask, or the null class label.
+The *null* condition is all-zero context with an all-False mask, or the null class label. Image conditioning
+(``image_embeds``, ``cond_latents``, conditioning frames) stays in both the null condition and condition dropout:
+the Wan, Cosmos and HunyuanVideo samplers guide on the text only, so training drops only what sampling drops.
 """
 
 from __future__ import annotations
