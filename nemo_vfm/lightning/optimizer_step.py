@@ -34,19 +34,6 @@ def _grad_norm(nets: list, mesh, pp_duplicated) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(grads, 2.0, foreach=True).float()
 
 
-def _scale_grads(nets: list, coef: torch.Tensor) -> None:
-    from nemo_vfm.parallel.grads import _local
-
-    groups: dict = {}
-    for net in nets:
-        for p in net.parameters():
-            if p.grad is not None:
-                g = _local(p.grad)
-                groups.setdefault((g.device, g.dtype), []).append(g)
-    for (device, _), grads in groups.items():
-        torch._foreach_mul_(grads, coef.to(device))
-
-
 @torch.no_grad()
 def prepare_update(optimizer, nets: list, *, mesh=None, pp_duplicated=(), clip_val: float | None = None,
                    clip_algorithm: str | None = "norm", loss_bad: torch.Tensor | None = None,
@@ -72,7 +59,9 @@ def prepare_update(optimizer, nets: list, *, mesh=None, pp_duplicated=(), clip_v
         elif fused:  # the fused kernel divides by grad_scale: clipping costs no pass over the gradients
             optimizer.grad_scale = torch.clamp((norm + 1e-6) / float(clip_val), min=1.0)
         else:
-            _scale_grads(nets, torch.clamp(float(clip_val) / (norm + 1e-6), max=1.0))
+            from nemo_vfm.parallel.grads import scale_grads_
+
+            scale_grads_(nets, torch.clamp(float(clip_val) / (norm + 1e-6), max=1.0))
     if scaler is None:
         if fused:
             optimizer.found_inf = bad.to(torch.float32)  # the fused kernel skips the whole update on the device

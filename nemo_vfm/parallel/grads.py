@@ -160,7 +160,13 @@ def clip_grad_norm_(
     """Scale all gradients so that their global norm is at most ``max_norm``; return the norm before.
     One multi-tensor scale per (device, dtype) group; the coefficient stays on the device (no host sync)."""
     norm = total_grad_norm(model, pmesh, pp_duplicated=pp_duplicated)
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    scale_grads_(model, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
+@torch.no_grad()
+def scale_grads_(model: nn.Module | list[nn.Module], coef: torch.Tensor) -> None:
+    """Multiply every local gradient by the 0-d ``coef`` (one multi-tensor kernel per (device, dtype) group)."""
     groups: dict[tuple, list[torch.Tensor]] = {}
     for mod in model if isinstance(model, (list, tuple)) else [model]:
         for p in mod.parameters():
@@ -169,7 +175,6 @@ def clip_grad_norm_(
                 groups.setdefault((g.device, g.dtype), []).append(g)
     for (device, _), grads in groups.items():
         torch._foreach_mul_(grads, coef.to(device))
-    return norm
 
 
 def split_dtensor_groups(groups: list[dict]) -> list[dict]:
