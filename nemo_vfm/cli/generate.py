@@ -12,6 +12,8 @@
     # Wan 2.2: TI2V-5B with or without --image; A14B folders switch experts (--guidance-2: the low-noise expert's)
     vfm generate --ckpt /models/Wan2.2-TI2V-5B-Diffusers --prompt "..." [--image first.png]
     vfm generate --ckpt /models/Wan2.2-T2V-A14B-Diffusers --prompt "..." --guidance 4 --guidance-2 3
+    # Cosmos-Predict2.5 folders: Text2World, Video2World (the clip's last frames) or Image2World
+    vfm generate --ckpt /models/Cosmos-Predict2.5-2B --prompt "..." --video clip.mp4 [--cond-frames 1] --guidance 8
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
@@ -58,7 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on for Wan checkpoints on CUDA, off otherwise)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
-    p.add_argument("--image", help="image-to-video (Wan I2V folders; optional for Wan 2.2 TI2V): the first frame")
+    p.add_argument("--image", help="image-to-video (Wan I2V folders; optional for Wan 2.2 TI2V and Cosmos "
+                                   "folders): the first frame")
+    p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
+                                   "generation size)")
+    p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "
+                                                                 "from --video, 1 or 2 (default 2: the clip's last "
+                                                                 "5 frames; 1: its last frame)")
     p.add_argument("--export-safetensors", metavar="FILE", help="write the checkpoint as one .safetensors file "
                                                                 "(weights + config) and exit")
     p.add_argument("--attention", default=None, choices=("dense", "sta", "vsa"),
@@ -156,6 +164,28 @@ def _pixel_size(args, tokenizer, latent_thw):
     return args.frames or frames, args.height or height, args.width or width
 
 
+def _cosmos_video2world(engine, prompts, latent_shape, sampling, cond_frames, fps):
+    """Videos and per-stage seconds as :meth:`InferenceEngine.generate` returns them, with clean first frames."""
+    import time
+
+    import torch
+
+    from nemo_vfm.inference.cosmos import denoise_video2world
+
+    def now():
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+        return time.perf_counter()
+
+    t0 = now()
+    cond, uncond = engine.encode_text(prompts, fps)
+    t1 = now()
+    engine.last_latents = denoise_video2world(engine, cond, uncond, latent_shape, sampling, cond_frames, progress=True)
+    t2 = now()
+    videos = engine.decode(engine.last_latents)
+    return videos, {"text_encode_s": t1 - t0, "denoise_s": t2 - t1, "decode_s": now() - t2}
+
+
 def run(args) -> int:
     try:
         return _run(args)
@@ -199,10 +229,22 @@ def _run(args) -> int:
         check_generation_parts(info)
         wan22 = "experts" in gen or isinstance(info.objective, FirstFrameFlowMatching)
     i2v = getattr(info.model_config, "is_i2v", False) or getattr(info.model_config, "cond_channels", 0) > 0
-    takes_image = i2v or (wan22 and "experts" not in gen)  # Wan 2.2 TI2V: text-to-video, or from an image
+    cosmos = info.kind == "cosmos"
+    video, cond_frames = getattr(args, "video", None), getattr(args, "cond_frames", None)
+    takes_image = i2v or (wan22 and "experts" not in gen) or cosmos  # Wan 2.2 TI2V, Cosmos: from text or an image
     if (i2v and not args.image) or (args.image and not takes_image):
         raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if i2v else
-                         "--image is for image-to-video models (Wan I2V folders, Wan 2.2 TI2V); drop it")
+                         "--image is for image-to-video models (Wan I2V folders, Wan 2.2 TI2V, Cosmos); drop it")
+    if video and not cosmos:
+        raise ValueError("--video is Cosmos-Predict2.5 Video2World (a Cosmos pipeline folder as --ckpt); drop it")
+    if video and args.image:
+        raise ValueError("give --video CLIP (Video2World) or --image FIRST_FRAME (Image2World), not both")
+    if cond_frames is not None and not video:
+        raise ValueError("--cond-frames counts the clean frames taken from --video; add --video CLIP or drop it")
+    if video and not Path(video).is_file():
+        raise FileNotFoundError(f"video file not found: {video}")
+    if args.image and cosmos and not Path(args.image).is_file():
+        raise FileNotFoundError(f"image not found: {args.image}")
     if getattr(args, "guidance_2", None) is not None and "experts" not in gen:
         raise ValueError("--guidance-2 is the low-noise expert's guidance of a Wan 2.2 A14B folder; drop it")
     if not gen:
@@ -254,11 +296,17 @@ def _run(args) -> int:
             print(f"generating {len(prompts)} video(s) of {frames}x{height}x{width} px ({channels}x{'x'.join(map(str, thw))} "
                   f"latents) on {world} process(es): {layout.describe()}, {sampler} x {args.steps} steps, {dtype}"
                   + ("" if attention == "dense" else f", {attention} attention"))
+        first = None
+        if cosmos and (video or args.image):  # Video2World / Image2World: the clean latent frames, once
+            from nemo_vfm.inference.cosmos import conditioning_latents
+
+            first = conditioning_latents(engine.tokenizer, frames, height, width, video=video, image=args.image,
+                                         cond_frames=2 if cond_frames is None else cond_frames, device=device)
         written, totals = [], {}
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
             extra = None
-            if args.image:
+            if args.image and not cosmos:
                 from nemo_vfm.inference.wan import image_conditions
 
                 extra = image_conditions(info, engine.tokenizer, args.image, len(batch), frames, height, width, device)
@@ -267,6 +315,9 @@ def _run(args) -> int:
 
                 videos, times = generate_wan22(engine, batch, (channels, *thw), cfg, extra, low=low,
                                                guidance_2=args.guidance_2, progress=True)
+            elif first is not None:
+                videos, times = _cosmos_video2world(engine, batch, (channels, *thw), cfg, first,
+                                                     gen.get("fps"))
             else:
                 videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True,
                                                 extra_cond=extra)
