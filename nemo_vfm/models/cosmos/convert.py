@@ -118,7 +118,6 @@ def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: Cosmos
     """Write ``state`` (our names) as a diffusers ``CosmosTransformer3DModel`` folder: ``config.json`` and
     safetensors shards of at most ``max_shard_bytes`` (with the ``.index.json`` when sharded). ``layout``: only
     ``"diffusers"`` (the release ships ``.pt`` files with its own configs, which we do not write)."""
-    from safetensors.torch import save_file
 
     if layout != "diffusers":
         raise ValueError(f"Cosmos weights export to layout='diffusers' only, got {layout!r}; the original release's "
@@ -127,25 +126,6 @@ def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: Cosmos
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(dict(config_to_diffusers(cfg),
                                                         _class_name="CosmosTransformer3DModel"), indent=2))
-    shards, cur, size = [], {}, 0
-    for k, v in to_diffusers(state).items():
-        n = v.numel() * v.element_size()
-        if cur and size + n > max_shard_bytes:
-            shards.append(cur)
-            cur, size = {}, 0
-        cur[k] = v.detach().contiguous().cpu()
-        size += n
-    shards.append(cur)
-    base = "diffusion_pytorch_model"
-    if len(shards) == 1:
-        save_file(shards[0], str(folder / f"{base}.safetensors"), metadata={"format": "pt"})
-        return folder
-    weight_map, total = {}, 0
-    for i, sh in enumerate(shards):
-        name = f"{base}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(sh, str(folder / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in sh})
-        total += sum(v.numel() * v.element_size() for v in sh.values())
-    (folder / f"{base}.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return folder
+    from nemo_vfm.io.sharded_safetensors import save_sharded
+
+    return save_sharded(to_diffusers(state), folder, max_shard_bytes)

@@ -96,20 +96,10 @@ class CosmosConfig:
     def build(self, device: str | torch.device | None = None) -> "CosmosModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated;
         call ``to_empty`` and ``init_weights()`` after parallelizing)."""
-        if str(device) == "meta":
-            with torch.device("meta"):
-                return CosmosModel(self)
-        if self.pretrained:
-            from nemo_vfm.models.cosmos.weights import load_weights
+        from nemo_vfm.models.common.published import build_published
+        from nemo_vfm.models.cosmos.weights import load_weights
 
-            with torch.device("meta"):
-                model = CosmosModel(self)
-            load_weights(model, self.pretrained)
-            return model.to(device or "cpu")
-        with torch.device(device or "cpu"):
-            model = CosmosModel(self)
-        model.init_weights()
-        return model
+        return build_published(lambda: CosmosModel(self), device, self.pretrained, load_weights)
 
 
 def _heads(x_BSD: torch.Tensor, head_dim: int) -> torch.Tensor:

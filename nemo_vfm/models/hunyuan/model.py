@@ -115,20 +115,10 @@ class HunyuanVideoConfig:
 
     def build(self, device: str | torch.device | None = None) -> "HunyuanVideoModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated)."""
-        if str(device) == "meta":
-            with torch.device("meta"):
-                return HunyuanVideoModel(self)
-        if self.pretrained:
-            from nemo_vfm.models.hunyuan.weights import load_weights
+        from nemo_vfm.models.common.published import build_published
+        from nemo_vfm.models.hunyuan.weights import load_weights
 
-            with torch.device("meta"):
-                model = HunyuanVideoModel(self)
-            load_weights(model, self.pretrained)
-            return model.to(device or "cpu")
-        with torch.device(device or "cpu"):
-            model = HunyuanVideoModel(self)
-        model.init_weights()
-        return model
+        return build_published(lambda: HunyuanVideoModel(self), device, self.pretrained, load_weights)
 
 
 class Modulation(nn.Module):

@@ -208,8 +208,6 @@ def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: WanCon
     A14B model (``cfg.expert``) goes to its subfolder of ``folder`` (``transformer/`` or ``transformer_2/``;
     original: ``high_noise_model/`` or ``low_noise_model/``), so both experts' exports make one folder; returns
     the folder written."""
-    from safetensors.torch import save_file
-
     if layout not in ("diffusers", "original"):
         raise ValueError(f"layout must be 'diffusers' or 'original', got {layout!r}")
     folder = Path(folder)
@@ -221,25 +219,6 @@ def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: WanCon
     c = (dict(config_to_diffusers(cfg), _class_name="WanTransformer3DModel") if layout == "diffusers"
          else config_to_original(cfg))
     (folder / "config.json").write_text(json.dumps(c, indent=2))
-    shards, cur, size = [], {}, 0
-    for k, v in out.items():
-        n = v.numel() * v.element_size()
-        if cur and size + n > max_shard_bytes:
-            shards.append(cur)
-            cur, size = {}, 0
-        cur[k] = v.detach().contiguous().cpu()
-        size += n
-    shards.append(cur)
-    base = "diffusion_pytorch_model"
-    if len(shards) == 1:
-        save_file(shards[0], str(folder / f"{base}.safetensors"), metadata={"format": "pt"})
-        return folder
-    weight_map, total = {}, 0
-    for i, sh in enumerate(shards):
-        name = f"{base}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(sh, str(folder / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in sh})
-        total += sum(v.numel() * v.element_size() for v in sh.values())
-    (folder / f"{base}.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return folder
+    from nemo_vfm.io.sharded_safetensors import save_sharded
+
+    return save_sharded(out, folder, max_shard_bytes)

@@ -126,18 +126,9 @@ class WanConfig:
     def build(self, device: str | torch.device | None = None) -> "WanModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated;
         call ``to_empty`` and ``init_weights()`` after parallelizing)."""
-        if str(device) == "meta":
-            with torch.device("meta"):
-                return WanModel(self)
-        if self.pretrained:  # meta build, each tensor assigned from its shard (convert.load_pretrained's path)
-            with torch.device("meta"):
-                model = WanModel(self)
-            model.load_pretrained(self.pretrained)
-            return model.to(device or "cpu")
-        with torch.device(device or "cpu"):
-            model = WanModel(self)
-        model.init_weights()
-        return model
+        from nemo_vfm.models.common.published import build_published
+
+        return build_published(lambda: WanModel(self), device, self.pretrained, lambda m, p: m.load_pretrained(p))
 
 
 def _heads(x_BSD: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -1,0 +1,27 @@
+"""Building a network of a published model family (Wan, Cosmos, HunyuanVideo): on the meta device, from its
+``pretrained`` weights, or freshly initialised."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def build_published(network: Callable[[], nn.Module], device, pretrained, load: Callable[[nn.Module, str], None]):
+    """``network()`` on ``device``: unallocated for ``'meta'`` (call ``to_empty`` and ``init_weights()`` after
+    parallelising); with ``pretrained``, built on meta and each tensor assigned by ``load(model, pretrained)``;
+    else initialised (``init_weights()``)."""
+    if str(device) == "meta":
+        with torch.device("meta"):
+            return network()
+    if pretrained:
+        with torch.device("meta"):
+            model = network()
+        load(model, pretrained)
+        return model.to(device or "cpu")
+    with torch.device(device or "cpu"):
+        model = network()
+    model.init_weights()
+    return model
