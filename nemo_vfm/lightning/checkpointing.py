@@ -121,6 +121,7 @@ class RotatingCheckpoint(ModelCheckpoint):
     def _save_checkpoint(self, trainer, filepath: str) -> None:
         from torch.distributed.checkpoint.api import CheckpointException
 
+        t0 = time.perf_counter()
         try:
             super()._save_checkpoint(trainer, filepath)
         except CheckpointWriteError:
@@ -135,7 +136,15 @@ class RotatingCheckpoint(ModelCheckpoint):
                 remove_checkpoint(path)
             raise err from e
         if trainer.is_global_zero:
+            print(f"checkpoint saved: {Path(filepath).name}, {_size_gib(Path(filepath)):.3g} GiB in "
+                  f"{time.perf_counter() - t0:.1f} s (rank 0's view)", flush=True)
             prune_checkpoints(self.dirpath, self.keep)
+
+
+def _size_gib(path: Path) -> float:
+    """Bytes of a checkpoint file or folder (DCP: every rank's shard files), in GiB."""
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    return sum(f.stat().st_size for f in files) / 2**30
 
 
 def move_aside(exp_dir: Path) -> Path | None:

@@ -14,6 +14,7 @@ Either way the rest of the checkpoint (loops, schedulers, callbacks) is returned
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -32,10 +33,12 @@ def load_training_state(path: Path, module: torch.nn.Module, optimizers: list, s
                         weights_only: bool = True) -> dict:
     """Load weights and optimizer states of ``path`` into ``module`` (the LightningModule) and ``optimizers``;
     returns the remaining checkpoint entries."""
-    path = Path(path)
-    if path.is_dir():
-        return _load_sharded(path, module, optimizers, strict, weights_only)
-    return _load_full(path, module, optimizers, strict, weights_only)
+    path, t0 = Path(path), time.perf_counter()
+    load = _load_sharded if path.is_dir() else _load_full
+    rest = load(path, module, optimizers, strict, weights_only)
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(f"checkpoint loaded: {path.name} in {time.perf_counter() - t0:.1f} s (rank 0's view)", flush=True)
+    return rest
 
 
 def _load_sharded(path: Path, module, optimizers, strict: bool, weights_only: bool) -> dict:
