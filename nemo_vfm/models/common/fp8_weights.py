@@ -23,7 +23,8 @@ with ``<path>.base.weight_scale`` next to it. :func:`dequantize` turns a saved p
 without a scale into the module (``load_state_dict``, e.g. a bf16 run's checkpoint) quantises it.
 
 Loaders that fill a built (possibly parallelised) network from float weights quantise on the way in:
-:func:`fill_quantized` from a reader of regions (Wan's streamed ``model.pretrained``), :func:`fill_quantized_from`
+:func:`fill_quantized` from a reader of regions (a family's streamed ``model.pretrained``:
+``nemo_vfm.models.common.published_weights``), :func:`fill_quantized_from`
 from a tensor (``init_from`` a plain checkpoint; :func:`quantized_bases` finds the bases under the plain names).
 """
 

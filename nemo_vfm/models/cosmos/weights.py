@@ -3,21 +3,22 @@
 Ours are the original release's names without its ``net.`` prefix; :data:`RENAMES` maps them to diffusers'
 ``CosmosTransformer3DModel`` names and :data:`INVERSE` back. A folder is a transformer folder (``config.json`` +
 ``diffusion_pytorch_model*.safetensors``, with the ``.index.json`` when sharded) or a pipeline folder whose
-``transformer/`` holds it. :func:`load_weights`
-streams it into a plain, meta-device or already sharded model (``nemo_vfm.parallel.materialize``).
+``transformer/`` holds it. :func:`load_weights` streams it into a plain, meta-device or already sharded model (FP8
+LoRA bases quantised as read) through the loader every family shares, ``nemo_vfm.models.common.published_weights``,
+with :func:`sources` as Cosmos's key map.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-import torch
 from torch import nn
 
+from nemo_vfm.models.common.published_weights import Source, load_published, safetensors_files
+
 __all__ = ["RENAMES", "INVERSE", "to_diffusers_name", "from_diffusers_name", "detect_layout", "load_weights",
-           "transformer_dir", "weight_files"]
+           "sources", "transformer_dir", "weight_files"]
 
 _ADALN = {"self_attn": "norm1", "cross_attn": "norm2", "mlp": "norm3"}
 _PROJ = {"q_proj": "to_q", "k_proj": "to_k", "v_proj": "to_v", "output_proj": "to_out.0", "q_norm": "norm_q",
@@ -68,15 +69,8 @@ def weight_files(path: str | Path) -> list[Path]:
     """The safetensors files of a Cosmos folder (from the index when there is one), or ``path`` itself."""
     if Path(path).is_file():
         return [Path(path)]
-    d = transformer_dir(path)
-    index = sorted(d.glob("*.safetensors.index.json"))
-    if index:
-        return [d / n for n in sorted(set(json.loads(index[0].read_text())["weight_map"].values()))]
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {d}; point at a Cosmos transformer folder or a "
-                                f"Cosmos-Predict2.5 pipeline folder with transformer/")
-    return files
+    return safetensors_files(transformer_dir(path), "a Cosmos transformer folder or a Cosmos-Predict2.5 pipeline "
+                                                    "folder with transformer/")
 
 
 def _apply(name: str, table) -> str:
@@ -104,51 +98,18 @@ def detect_layout(keys) -> str:
                      "(no transformer_blocks.* / blocks.* keys)")
 
 
-@torch.no_grad()
+def sources(keys: list[str]) -> dict[str, Source]:
+    """A Cosmos folder's keys (diffusers' names, or the release's with or without ``net.``) -> ``{our name:
+    Source}``."""
+    if detect_layout(keys) == "diffusers":
+        return {from_diffusers_name(k): Source((k,)) for k in keys}
+    return {k.removeprefix("net."): Source((k,)) for k in keys}
+
+
 def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int:
     """Stream a Cosmos folder's weights into ``model`` one tensor at a time; return the number of elements read.
     Plain, meta-device (assigned as read) or parallelised models (each DTensor gets only its local slice); a
-    network with LoRA adapters takes them as base weights."""
-    from safetensors import safe_open
-
-    from nemo_vfm.models.common.lora_names import adapted_paths, plain_param_name
-    from nemo_vfm.parallel.grads import clean_name
-    from nemo_vfm.parallel.materialize import fill_local
-
-    lora_paths = {clean_name(n) for n in adapted_paths(model)}
-    params = {}
-    for mn, m in model.named_modules():
-        for pn, _ in m.named_parameters(recurse=False):
-            name = plain_param_name(clean_name(f"{mn}.{pn}" if mn else pn), lora_paths)
-            if name is not None:
-                params[name] = (m, pn)
-    seen, n_read, layout = set(), 0, None
-    for f in weight_files(path):
-        with safe_open(str(f), framework="pt") as sf:
-            keys = list(sf.keys())
-            layout = layout or detect_layout(keys)
-            for key in keys:
-                name = from_diffusers_name(key) if layout == "diffusers" else key.removeprefix("net.")
-                if name not in params:
-                    if strict:
-                        raise KeyError(f"{f.name} has {key!r} ({name!r}) that this Cosmos model lacks: the weights do "
-                                       f"not match the config (flavor)")
-                    continue
-                mod, attr = params[name]
-                p = getattr(mod, attr)
-                src = sf.get_slice(key)
-                if tuple(src.get_shape()) != tuple(p.shape):
-                    raise ValueError(f"{key}: shape {tuple(src.get_shape())} in the weights, {tuple(p.shape)} in the "
-                                     f"model; the config does not match the checkpoint")
-                if p.is_meta:
-                    t = sf.get_tensor(key)
-                    setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
-                    n_read += t.numel()
-                else:
-                    n_read += fill_local(p, lambda region, k=key, s=src: sf.get_tensor(k) if region is None else s[region])
-                seen.add(name)
-    missing = set(params) - seen
-    if strict and missing:
-        raise KeyError(f"the weights in {path} lack {len(missing)} parameters of this Cosmos model, e.g. "
-                       f"{sorted(missing)[:3]}; the config does not match the checkpoint")
-    return n_read
+    network with LoRA adapters takes them as base weights, an FP8 base (``frozen_dtype="fp8"``) quantised as read
+    (``nemo_vfm.models.common.published_weights.load_published``)."""
+    return load_published(model, weight_files(path), sources, family="Cosmos", path=path, strict=strict,
+                          hint="flavor: layers, sizes")

@@ -5,7 +5,10 @@ Besides names: the token refiner's fused ``self_attn_qkv`` is diffusers' ``to_q/
 layer's modulation is ``(shift, scale)`` in the release and ``(scale, shift)`` in diffusers' ``norm_out``. The
 release's last double block has a text-stream output projection and MLP whose output nothing reads; our model
 does not build them, loading drops them and export writes them as zeros (what they are worth to the output).
-Loading reads the whole state dict on every rank (sharded models copy their shards from it).
+:func:`load_weights` streams a folder through the loader every family shares
+(``nemo_vfm.models.common.published_weights``) with :func:`sources` as the key map: each rank reads the slices of
+its shards (the fused refiner qkv and the final modulation are computed whole, they are small), FP8 LoRA bases
+quantised as read.
 """
 
 import re
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from nemo_vfm.models.common.published_weights import Source, load_published, safetensors_files
 
 _R = "txt_in.individual_token_refiner.blocks.{i}."
 _DR = "context_embedder.token_refiner.refiner_blocks.{i}."
@@ -86,8 +91,9 @@ def _last_block(state, prefix: str) -> int:
 _DEAD = ("txt_attn_proj.", "txt_mlp.")  # of the last double block: its text output is never read
 
 
-def drop_dead_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our-names ``state`` without the last block's text-stream projection and MLP."""
+def drop_dead_weights(state: dict) -> dict:
+    """Our-names ``state`` (tensors, or anything keyed by our names) without the last block's text-stream projection
+    and MLP."""
     n = _last_block(state, "double_blocks.")
     dead = tuple(f"double_blocks.{n}.{p}" for p in _DEAD)
     return {k: v for k, v in state.items() if not k.startswith(dead)}
@@ -140,27 +146,45 @@ def to_diffusers_name(name: str) -> str:
     return out
 
 
-def from_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Diffusers' ``HunyuanVideo15Transformer3DModel`` state dict -> our names."""
+def _diffusers_sources(keys) -> dict[str, Source]:
+    """Diffusers' keys -> ``{our name: Source}`` (the refiner's q/k/v fused, the final modulation's halves swapped,
+    the last block's unread text-stream weights dropped)."""
     out, qkv = {}, {}
-    for k, v in state.items():
+    for k in keys:
         if k.startswith(_FINAL_MOD[1]):
-            out[_FINAL_MOD[0] + k[len(_FINAL_MOD[1]):]] = _swap_halves(v)
+            out[_FINAL_MOD[0] + k[len(_FINAL_MOD[1]):]] = Source((k,), _swap_halves)
             continue
         m = re.match(r"^context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn\.to_([qkv])\.(weight|bias)$", k)
         if m:
-            qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = v
+            qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = k
             continue
         name = _rename(k, _FROM_DIFF)
         if name is None:
             raise KeyError(f"no HunyuanVideoModel name for diffusers key {k!r}")
-        out[name] = v
+        out[name] = Source((k,))
     for (i, kind), parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
             raise KeyError(f"refiner block {i} lacks some of to_q/to_k/to_v.{kind}")
-        out[f"txt_in.individual_token_refiner.blocks.{i}.self_attn_qkv.{kind}"] = torch.cat(
-            [parts["q"], parts["k"], parts["v"]], dim=0)
+        out[f"txt_in.individual_token_refiner.blocks.{i}.self_attn_qkv.{kind}"] = Source(
+            (parts["q"], parts["k"], parts["v"]), lambda q, k, v: torch.cat([q, k, v], dim=0))
     return drop_dead_weights(out)
+
+
+def sources(keys: list[str]) -> dict[str, Source]:
+    """A HunyuanVideo folder's keys (diffusers or original layout, told apart by the names) -> ``{our name:
+    Source}``, without the last block's unread text-stream weights."""
+    if any(k.startswith(("transformer_blocks.", "x_embedder.")) for k in keys):
+        return _diffusers_sources(keys)
+    return drop_dead_weights({k: Source((k,)) for k in keys})
+
+
+def _resolve(state: dict[str, torch.Tensor], srcs: dict[str, Source]) -> dict[str, torch.Tensor]:
+    return {n: s.convert(*(state[k] for k in s.keys)) if s.convert else state[s.keys[0]] for n, s in srcs.items()}
+
+
+def from_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers' ``HunyuanVideo15Transformer3DModel`` state dict -> our names."""
+    return _resolve(state, _diffusers_sources(state))
 
 
 def transformer_dir(path: str | Path) -> Path:
@@ -174,54 +198,27 @@ def transformer_dir(path: str | Path) -> Path:
     return path
 
 
+def weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a HunyuanVideo folder (from the index when there is one)."""
+    return safetensors_files(transformer_dir(path), "a HunyuanVideo 1.5 transformer folder or a pipeline folder with "
+                                                    "transformer/")
+
+
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The folder's weights under our names (diffusers or original layout, detected from the keys)."""
+    """The folder's weights under our names (diffusers or original layout, detected from the keys), read whole."""
     from safetensors.torch import load_file
 
-    files = sorted(transformer_dir(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {transformer_dir(path)}")
     state = {}
-    for f in files:
+    for f in weight_files(path):
         state.update(load_file(str(f)))
-    if any(k.startswith(("transformer_blocks.", "x_embedder.")) for k in state):
-        return from_diffusers(state)
-    return drop_dead_weights(state)
+    return _resolve(state, sources(list(state)))
 
 
-@torch.no_grad()
-def load_weights(model: nn.Module, path: str | Path) -> int:
-    """Load a folder's weights into ``model`` and return the number of elements read. ``model`` may be plain, on the
-    meta device (parameters assigned), or parallelised and wrapped (DTensor parameters take their shards; activation
-    checkpointing / compile wrappers and LoRA adapters are looked through: adapted linears take the weights as their
-    base, the adapters are left as they are). Raises naming a missing or unexpected parameter."""
-    from nemo_vfm.models.common.lora_names import adapted_paths, plain_param_name
-    from nemo_vfm.parallel.grads import clean_name
-    from nemo_vfm.parallel.materialize import fill_local
-
-    state = read_state(path)
-    lora_paths = {clean_name(n) for n in adapted_paths(model)}
-    params = {}
-    for mn, m in model.named_modules():
-        for pn, _ in m.named_parameters(recurse=False):
-            name = plain_param_name(clean_name(f"{mn}.{pn}" if mn else pn), lora_paths)
-            if name is not None:
-                params[name] = (m, pn)
-    missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-    if missing or unexpected:
-        raise KeyError(f"the weights in {path} do not match this HunyuanVideo config: missing {missing[:3]}, "
-                       f"unexpected {unexpected[:3]}")
-    n_read = 0
-    for name, (mod, attr) in params.items():
-        p, t = getattr(mod, attr), state[name]
-        if tuple(t.shape) != tuple(p.shape):
-            raise ValueError(f"{name}: shape {tuple(t.shape)} in the weights, {tuple(p.shape)} in the model; the "
-                             f"config does not match the checkpoint")
-        if p.is_meta:
-            setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
-            n_read += t.numel()
-        else:
-            n_read += fill_local(p, lambda region, t=t: t if region is None else t[region])
-    return n_read
-
-
+def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int:
+    """Stream a folder's weights into ``model`` and return the number of elements read. ``model`` may be plain, on
+    the meta device (parameters assigned), or parallelised and wrapped (DTensor parameters take their shards, read
+    as slices; activation checkpointing / compile wrappers and LoRA adapters are looked through: adapted linears take
+    the weights as their base, an FP8 base quantised as read, the adapters left as they are;
+    ``nemo_vfm.models.common.published_weights.load_published``). Raises naming a missing or unexpected parameter."""
+    return load_published(model, weight_files(path), sources, family="HunyuanVideo", path=path, strict=strict,
+                          hint="flavor: layers, sizes, embedder widths")

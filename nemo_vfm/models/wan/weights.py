@@ -5,19 +5,21 @@ Parameter names: ours are the original release's; :data:`RENAMES` maps them to d
 ``diffusion_pytorch_model*.safetensors``, with the ``.index.json`` when sharded) or a pipeline folder whose
 ``transformer/`` holds it. A Wan 2.2 A14B folder holds two experts (:data:`EXPERT_DIRS`): a diffusers pipeline's
 ``transformer/`` (high noise) and ``transformer_2/`` (low noise), or the release's ``high_noise_model/`` and
-``low_noise_model/``; ``expert="high"|"low"`` picks one. :func:`load_weights` streams a folder into a model, plain, on the meta device or
-already sharded (``nemo_vfm.parallel.materialize``). Configs and whole-model conversion live in ``convert.py``;
-this module needs no model class, so ``model.py`` can load pretrained weights through it.
+``low_noise_model/``; ``expert="high"|"low"`` picks one. :func:`load_weights` streams a folder into a model (plain,
+on the meta device or already sharded; FP8 LoRA bases quantised as read) through the loader every family shares,
+``nemo_vfm.models.common.published_weights``, with :func:`sources` as Wan's key map. Configs and whole-model
+conversion live in ``convert.py``; this module needs no model class, so ``model.py`` can load pretrained weights
+through it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-import torch
 from torch import nn
+
+from nemo_vfm.models.common.published_weights import Source, load_published, safetensors_files
 
 # original (= ours) -> diffusers name pieces, applied in order to dotted names
 RENAMES: tuple[tuple[str, str], ...] = (
@@ -124,18 +126,10 @@ def transformer_dir(path: str | Path, expert: str | None = None) -> Path:
 
 def weight_files(path: str | Path, expert: str | None = None) -> list[Path]:
     """The safetensors files of a Wan folder (from the index when there is one)."""
-    d = transformer_dir(path, expert)
     if Path(path).is_file():
         return [Path(path)]
-    index = sorted(d.glob("*.safetensors.index.json"))
-    if index:
-        names = sorted(set(json.loads(index[0].read_text())["weight_map"].values()))
-        return [d / n for n in names]
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {d}; point at a Wan transformer folder (diffusers or "
-                                f"original layout) or a Wan pipeline folder with transformer/")
-    return files
+    return safetensors_files(transformer_dir(path, expert), "a Wan transformer folder (diffusers or original "
+                                                            "layout) or a Wan pipeline folder with transformer/")
 
 
 def detect_layout(keys) -> str:
@@ -149,83 +143,19 @@ def detect_layout(keys) -> str:
                      "(no condition_embedder.* / time_embedding.* keys)")
 
 
-@torch.no_grad()
+def sources(keys: list[str]) -> dict[str, Source]:
+    """A Wan folder's keys (either layout) -> ``{our name: Source}``; a diffusers folder's ``norm_added_q`` (which
+    diffusers' own model ignores on load and the release does not have) is not loaded."""
+    if detect_layout(keys) == "original":
+        return {k: Source((k,)) for k in keys}
+    return {from_diffusers_name(k): Source((k,)) for k in keys if ".norm_added_q." not in k}
+
+
 def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert: str | None = None) -> int:
-    """Stream a Wan folder's weights into ``model``, one tensor at a time, and return the number of elements read.
-
-    ``model`` may be plain, built on the meta device (parameters assigned as read), or already parallelised:
-    a DTensor parameter (FSDP2, TP) gets only its local shard, read as a slice of the safetensors tensor, so no
-    rank reads (or holds) a full copy of the model. A network with LoRA adapters takes the weights as its base
-    weights (``p.base.weight``); its adapters are left as they are (``lora.init_lora_weights``). An FP8 base
-    (``frozen_dtype="fp8"``) is quantised as it is read (``fp8_weights.fill_quantized``: each rank reads whole rows
-    of its shard); its ``weight_scale`` is computed, not read. ``expert``: which network of a two-expert folder
-    (default: the model config's ``expert``)."""
-    from safetensors import safe_open
-
-    from nemo_vfm.models.common.fp8_weights import FP8FrozenLinear, fill_quantized, quantize_rowwise
-    from nemo_vfm.models.common.lora_names import adapted_paths, plain_param_name
-    from nemo_vfm.parallel.grads import clean_name  # wrapper prefixes (activation checkpointing, compile)
-    from nemo_vfm.parallel.materialize import fill_local
-
-    lora_paths = {clean_name(n) for n in adapted_paths(model)}
-    params = {}
-    for mn, m in model.named_modules():
-        for pn, _ in m.named_parameters(recurse=False):
-            if pn == "weight_scale" and isinstance(m, FP8FrozenLinear):
-                continue  # an FP8 base's scales: computed from its weight as it is read
-            name = plain_param_name(clean_name(f"{mn}.{pn}" if mn else pn), lora_paths)
-            if name is not None:  # adapters are not in a Wan folder
-                params[name] = (m, pn)
-    seen, leaves, n_read = set(), set(), 0
-    layout = None
+    """Stream a Wan folder's weights into ``model``, one tensor at a time, and return the number of elements read:
+    plain, on the meta device or parallelised (each rank its shards), LoRA bases as base weights, FP8 bases
+    quantised as read (``nemo_vfm.models.common.published_weights.load_published``). ``expert``: which network of a
+    two-expert folder (default: the model config's ``expert``)."""
     expert = expert or getattr(getattr(model, "cfg", None), "expert", None)
-    for f in weight_files(path, expert):
-        with safe_open(str(f), framework="pt") as sf:
-            keys = list(sf.keys())
-            layout = layout or detect_layout(keys)
-            for key in keys:
-                if layout == "diffusers" and ".norm_added_q." in key:
-                    continue
-                name = from_diffusers_name(key) if layout == "diffusers" else key
-                leaves.add(name.rpartition(".")[2])
-                if name not in params:
-                    if strict:
-                        raise KeyError(f"{f.name} has {key!r} ({name!r}) that this Wan model lacks: the weights do not "
-                                       f"match the config (flavor, T2V vs I2V)")
-                    continue
-                mod, attr = params[name]
-                p = getattr(mod, attr)
-                src = sf.get_slice(key)
-                if tuple(src.get_shape()) != tuple(p.shape):
-                    raise ValueError(f"{key}: shape {tuple(src.get_shape())} in the weights, {tuple(p.shape)} in the "
-                                     f"model; the config does not match the checkpoint")
-                read = lambda region, k=key, s=src: sf.get_tensor(k) if region is None else s[region]
-                fp8 = isinstance(mod, FP8FrozenLinear) and attr == "weight"  # a frozen LoRA base stored as e4m3
-                if p.is_meta:
-                    t = sf.get_tensor(key)
-                    if fp8:
-                        bits, scale = quantize_rowwise(t)
-                        mod.weight = nn.Parameter(bits, requires_grad=False)
-                        mod.weight_scale = nn.Parameter(scale, requires_grad=False)
-                    else:
-                        setattr(mod, attr, nn.Parameter(t.to(p.dtype), requires_grad=p.requires_grad))
-                    n_read += t.numel()
-                else:
-                    n_read += fill_quantized(mod, read) if fp8 else fill_local(p, read)
-                seen.add(name)
-    missing = set(params) - seen
-    if strict and missing:
-        raise KeyError(_missing_message(path, missing, leaves))
-    return n_read
-
-
-def _missing_message(path, missing: set[str], leaves: set[str]) -> str:
-    """Why a folder lacks parameters of the model: parameters of a kind no Wan folder holds (``leaves``: the last
-    name pieces the folder has) are not a config mismatch but a part of the network this loader does not fill."""
-    foreign = sorted(n for n in missing if n.rpartition(".")[2] not in leaves)
-    if foreign:
-        return (f"{len(foreign)} parameters of this Wan model are of a kind no Wan weights folder holds, e.g. "
-                f"{foreign[:3]}: they were added to the network after it was built (by a LoRA or model option) and "
-                f"nemo_vfm's Wan loader does not fill them; not a config mismatch: report it with the option used")
-    return (f"the weights in {path} lack {len(missing)} parameters of this Wan model, e.g. {sorted(missing)[:3]}; "
-            f"the config (flavor: layers, sizes; T2V vs I2V) does not match the checkpoint, or a shard is missing")
+    return load_published(model, weight_files(path, expert), sources, family="Wan", path=path, strict=strict,
+                          hint="flavor: layers, sizes; T2V vs I2V")
