@@ -50,7 +50,7 @@ def style_for(name: str, sequence_parallel: bool, n_inputs: int = 1):
         return PrepareModuleInput(
             input_layouts=(Shard(1),) + (None,) * (n_inputs - 1),
             desired_input_layouts=(Replicate(),) + (None,) * (n_inputs - 1),
-            use_local_output=True,
+            use_local_output=False,
         )
     raise ValueError(f"unknown tensor-parallel style {name!r}; use one of {STYLES}.")
 
