@@ -44,7 +44,7 @@ Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_
 """
 
 import dataclasses
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -96,6 +96,9 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         param_dtype: str | None = "bf16",
         reduce_dtype: str | None = "fp32",
         attention_backend: str = "auto",
+        activation_offload: bool = False,
+        block_swap: int = 0,
+        cpu_offload: bool = False,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta = timedelta(minutes=30),
@@ -116,6 +119,7 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         self.pipeline = None  # the PipelineRunner of this rank's stages, under pipeline parallelism
         self._stage_ids: list[int] = []
         self._copy_stream = None  # CUDA: the side stream batches are copied on (batch_to_device)
+        self._host_params: list = []  # (module, name) of weights block_swap keeps in host memory
 
     @property
     def pipeline_parallel(self) -> bool:
@@ -176,8 +180,7 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         for ``attention_backend`` (``auto``: cuDNN first, measured fastest; ``nemo_vfm.parallel.sdpa_backend``)."""
         kw = self.parallelize_kwargs
         cuda = self.root_device.type == "cuda"
-        if kw["compile"] == "auto":
-            kw["compile"] = cuda
+        kw["compile"] = self.config.resolve_compile(cuda)
         if cuda:
             from nemo_vfm.parallel.sdpa_backend import SDPA_BACKENDS, select_sdpa_backend
 
@@ -240,15 +243,40 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         if any(p.is_meta for p in net.parameters()) and self.streams_weights(getattr(net, "cfg", None)):
             # meta -> plan -> to_empty -> weights: no rank ever holds the whole network
             self.spec.parallelize(net, self.parallel_mesh, **kwargs)
-            net.to_empty(device=device)
+            swap = self._block_swapper(net, source)
+            with swap.kept_on_host() if swap else nullcontext():  # cpu_offload: FSDP2 wants its shards on the host
+                net.to_empty(device="cpu" if self.config.cpu_offload else device)
             self._load_streamed(net, source)
+            self._install_offload(net, swap)
             net._vfm_parallelized = True
             return
         self._materialize(net, device)
-        net.to(device)
+        swap = self._block_swapper(net, source)
+        if not self.config.cpu_offload:  # FSDP2 moves each unit's states to the device and its shards back itself
+            with swap.kept_on_host() if swap else nullcontext():
+                net.to(device)
         self._broadcast_weights(net)
         self.spec.parallelize(net, self.parallel_mesh, **kwargs)
+        self._install_offload(net, swap)
         net._vfm_parallelized = True
+
+    def _block_swapper(self, net, source=None):  # ``source``: the model, for its EMA copy
+        from nemo_vfm.parallel.block_swap import block_swapper
+
+        return block_swapper(net, self.config.block_swap, self.root_device, fsdp=self.dims.fsdp, like=source)
+
+    def _install_offload(self, net, swap) -> None:
+        from nemo_vfm.parallel.activation_offload import install_offload
+
+        self._host_params += install_offload(net, self.root_device, self.config.activation_offload, swap)
+
+    def model_to_device(self) -> None:
+        from nemo_vfm.parallel.block_swap import kept_on_host, move_except_sharded
+
+        if self.config.cpu_offload:  # FSDP2's shards stay in host memory
+            return move_except_sharded(self.model, self.root_device)
+        with kept_on_host(self._host_params):  # block_swap's weights stay in host memory
+            super().model_to_device()
 
     @torch.no_grad()
     def _load_streamed(self, net, source=None) -> None:

@@ -10,6 +10,7 @@ only Lightning's own settings (``save_distributed_checkpoint``, ``process_group_
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 # strategy knob -> the keyword the families' parallelize functions take, where the two differ
@@ -19,7 +20,8 @@ _LAYOUT = {"tensor_model_parallel_size": "tp", "sequence_parallel": "sequence_pa
            "context_parallel_kind": "cp_kind", "pipeline_model_parallel_size": "pp", "pipeline_schedule": "pp_schedule",
            "microbatches": "pp_microbatches", "data_parallel_replicate_size": "dp_replicate", "fsdp": "fsdp",
            "expert_model_parallel_size": "ep"}
-_STRATEGY_ONLY = ("overlap_grad_reduce",)  # read by the strategy itself, neither layout nor family knobs
+# read by the strategy itself, neither layout nor family knobs
+_STRATEGY_ONLY = ("overlap_grad_reduce", "activation_offload", "block_swap")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +57,7 @@ class ParallelConfig:
     activation_checkpointing_every: int = 2
     """``selective``: checkpoint every n-th block."""
     compile: bool | str = "auto"
-    """``torch.compile`` the blocks: ``auto`` = on CUDA only."""
+    """``torch.compile`` the blocks: ``auto`` = on CUDA only; never with ``activation_offload`` / ``block_swap``."""
     fuse_qkv: bool = True
     """One GEMM for q, k, v where the linears are plain."""
     float8: str | None = None
@@ -68,6 +70,12 @@ class ParallelConfig:
     """FSDP: the dtype gradients are reduced in."""
     attention_backend: str = "auto"
     """The SDPA kernel on CUDA: ``auto`` (cuDNN first), ``cudnn``, ``flash``, ``efficient``, ``math``."""
+    activation_offload: bool = False
+    """Tensors each block saves for backward wait in pinned host memory (``nemo_vfm.parallel.activation_offload``)."""
+    block_swap: int = 0
+    """The first N blocks' frozen weights live in pinned host memory (``nemo_vfm.parallel.block_swap``)."""
+    cpu_offload: bool = False
+    """FSDP2 ``CPUOffloadPolicy``: parameters, gradients and optimizer state in host memory (needs ``fsdp=True``)."""
 
     def __post_init__(self):
         from nemo_vfm.parallel.activation_checkpoint import MODES
@@ -83,10 +91,45 @@ class ParallelConfig:
         if self.expert_model_parallel_size > 1 and not self.fsdp:
             raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
                              "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
+        self._check_offload()
         # the knobs against each other, on the smallest world they fit (the world size is checked at launch)
         smallest = self.tensor_model_parallel_size * self.context_parallel_size * self.pipeline_model_parallel_size
         ep = self.expert_model_parallel_size
         ParallelDims(world_size=smallest * self.data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
+
+    def _check_offload(self) -> None:
+        if not isinstance(self.activation_offload, bool) or not isinstance(self.cpu_offload, bool):
+            raise ValueError(f"activation_offload and cpu_offload must be True or False, got "
+                             f"{self.activation_offload!r} and {self.cpu_offload!r}.")
+        if not isinstance(self.block_swap, int) or isinstance(self.block_swap, bool) or self.block_swap < 0:
+            raise ValueError(f"block_swap must be an int >= 0 (the blocks whose frozen weights live in host memory), "
+                             f"got {self.block_swap!r}.")
+        offload = [n for n in ("activation_offload", "block_swap", "cpu_offload") if getattr(self, n)]
+        if self.cpu_offload and not self.fsdp:
+            raise ValueError("cpu_offload=True is FSDP2's CPUOffloadPolicy; set fsdp=True (or cpu_offload=False).")
+        if self.cpu_offload and self.block_swap:
+            raise ValueError("cpu_offload=True already keeps every weight in host memory; set block_swap=0.")
+        if self.cpu_offload and self.expert_model_parallel_size > 1:
+            raise ValueError("cpu_offload=True is not implemented for expert-parallel experts; set "
+                             "expert_model_parallel_size=1 (or cpu_offload=False).")
+        if offload and self.pipeline_model_parallel_size > 1:
+            raise ValueError(f"{', '.join(offload)} is not implemented with pipeline parallelism; set "
+                             f"pipeline_model_parallel_size=1 (or turn it off).")
+        if self.block_swap and self.tensor_model_parallel_size > 1:
+            raise ValueError("block_swap moves whole frozen weights, which tensor parallelism shards; set "
+                             "tensor_model_parallel_size=1 (or block_swap=0).")
+
+    def resolve_compile(self, cuda: bool) -> bool:
+        """``compile`` on the launch device: ``auto`` = on CUDA; off with activation_offload / block_swap (their
+        per-block hooks would run inside the compiled blocks: not supported), with a warning if asked for."""
+        on = cuda if self.compile == "auto" else bool(self.compile)
+        if on and (self.activation_offload or self.block_swap):
+            if self.compile is True:
+                warnings.warn("compile=True is ignored with activation_offload / block_swap (their per-block hooks "
+                              "would run inside the compiled blocks, which is not supported); the blocks run eager.",
+                              stacklevel=2)
+            return False
+        return on
 
     @property
     def layout(self) -> dict:

@@ -36,13 +36,17 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
     assert s.parallelize_kwargs == {
         "activation_checkpointing": "full", "ac_every": 2, "compile": "auto", "fuse_qkv": True, "float8": None,
         "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32", "attention_backend": "auto",
-        "reshard_after_forward": False, "factorized_cp": "hybrid"}
+        "reshard_after_forward": False, "factorized_cp": "hybrid", "cpu_offload": False}
 
 
 @pytest.mark.parametrize("kw, match", [
     (dict(activation_checkpointing="most"), "activation_checkpointing must be one of"),
     (dict(compile="yes"), "compile must be True, False or 'auto'"),
     (dict(expert_model_parallel_size=2, fsdp=False), "set fsdp=True"),
+    (dict(cpu_offload=True, fsdp=False), "cpu_offload=True is FSDP2's CPUOffloadPolicy; set fsdp=True"),
+    (dict(block_swap=-1), "block_swap must be an int >= 0"),
+    (dict(activation_offload=1), "activation_offload and cpu_offload must be True or False"),
+    (dict(block_swap=2, pipeline_model_parallel_size=2), "not implemented with pipeline parallelism"),
 ])
 def test_bad_settings_fail_when_built(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -1,7 +1,7 @@
 """Sparse self-attention under parallel layouts (gloo, CPU): all-to-all context parallelism (all tokens, half the
 heads per rank: the pattern applies unchanged), TP2 + sequence parallel (tokens gathered before attention) and
-FSDP2 train like one process with ``attention="sta"`` (and VSA under CP all-to-all), on a grid whose 15 tokens
-are padded to 16 for the split; ring CP, pipeline stages and VSA under TP are refused by the family's
+FSDP2 train like one process with ``attention="sta"`` (and VSA under CP all-to-all and TP, its gate split by heads),
+on a grid whose 15 tokens are padded to 16 for the split; ring CP and pipeline stages are refused by the family's
 ``check_layout`` with the fix named."""
 
 import equivalence as E
@@ -18,6 +18,8 @@ RUNS = {  # name -> (family, attention settings, parallel dims)
     "wan sta SP+TP2": ("wan", STA, dict(tp=2, sequence_parallel=True)),
     "wan sta FSDP2": ("wan", STA, dict()),
     "wan vsa CP2 all-to-all": ("wan", VSA, dict(cp=2, cp_kind="a2a")),
+    "wan vsa SP+TP2": ("wan", VSA, dict(tp=2, sequence_parallel=True)),
+    "dit vsa TP2": ("dit", VSA, dict(tp=2)),
     "dit sta CP2 all-to-all": ("dit", STA, dict(cp=2, cp_kind="a2a")),
 }
 
@@ -86,10 +88,7 @@ def test_layouts_that_cannot_apply_a_tile_pattern_are_refused(family):
         check(cfg, ParallelDims(world_size=2, cp=2, cp_kind="ring"))
     check(cfg, ParallelDims(world_size=4, cp=2, cp_kind="a2a", tp=2, sequence_parallel=True))  # fine
     check(_cfg(family, {}), ParallelDims(world_size=2, cp=2, cp_kind="ring"))
-    with pytest.raises(
-        NotImplementedError, match="attention='vsa' under tensor parallelism is not implemented"
-    ):
-        check(_cfg(family, VSA), ParallelDims(world_size=2, tp=2))
+    check(_cfg(family, VSA), ParallelDims(world_size=2, tp=2))  # VSA's gate is split by heads as q
     if family == "dit":
         with pytest.raises(NotImplementedError, match="under pipeline parallelism is not implemented"):
             check(cfg, ParallelDims(world_size=2, pp=2))

@@ -99,9 +99,6 @@ def check_sparse_layout(cfg, dims, family: str) -> None:
     if dims.pp > 1:
         raise NotImplementedError(f"attention={s.kind!r} under pipeline parallelism is not implemented (the stages "
                                   "do not set the latent grid); use FSDP, TP or all-to-all CP, or attention='dense'")
-    if s.kind == "vsa" and dims.tp > 1:
-        raise NotImplementedError("attention='vsa' under tensor parallelism is not implemented (its gate projection "
-                                  "has no tensor-parallel plan); use FSDP or all-to-all CP, or attention='sta'")
 
 
 class SDPACore(nn.Module):

@@ -59,7 +59,7 @@ def parallelize_cosmos(model: nn.Module, pmesh: ParallelMesh, *, activation_chec
                        ac_every: int = 2, compile: bool = False, fuse_qkv: bool = False,
                        param_dtype: str | None = "bf16", reduce_dtype: str | None = "fp32",
                        attention_backend: str = "auto", reshard_after_forward: bool = True, float8: str | None = None,
-                       float8_modules: str = "mlp") -> nn.Module:
+                       float8_modules: str = "mlp", cpu_offload: bool = False) -> nn.Module:
     """Apply TP/SP, CP, FP8 (``mlp`` linears), activation checkpointing, compile and FSDP to ``model`` in place
     (the keyword arguments of :func:`~nemo_vfm.models.dit.parallelize.parallelize_dit`); return it."""
     d = pmesh.dims
@@ -71,7 +71,8 @@ def parallelize_cosmos(model: nn.Module, pmesh: ParallelMesh, *, activation_chec
     return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
                            compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                            attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
-                           float8=float8, float8_modules=float8_modules, check=check_layout, tp_plan=TP_PLAN,
+                           float8=float8, float8_modules=float8_modules, cpu_offload=cpu_offload,
+                           check=check_layout, tp_plan=TP_PLAN,
                            tp_optional=frozenset(), token_split=TOKEN_SPLIT, sp_input_arity=SP_INPUT_ARITY,
                            self_attention_cores=SELF_ATTENTION_CORES)
 

@@ -38,6 +38,7 @@ from nemo_vfm.parallel.tensor_parallel import apply_tensor_parallel
 TP_PLAN: dict[str, str] = {
     "attn": "sp_input",
     "attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise",
+    "attn.gate_compress": "colwise",  # VSA's per-head gate on the coarse output: split by heads as q
     "cross_attn": "sp_input",
     "cross_attn.q": "colwise", "cross_attn.k": "colwise", "cross_attn.v": "colwise", "cross_attn.proj": "rowwise",
     "mlp": "sp_input",
@@ -120,6 +121,7 @@ def parallelize_dit(
     blocks_only: bool = False,
     float8: str | None = None,
     float8_modules: str = "mlp",
+    cpu_offload: bool = False,
     check=check_layout,
     tp_plan: dict[str, str] = TP_PLAN,
     tp_optional: frozenset[str] | None = None,
@@ -132,6 +134,7 @@ def parallelize_dit(
     ``blocks_only``: the caller drives the pipeline-stage forward itself (no model-level hooks).
     ``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
+    ``cpu_offload``: FSDP2 with ``CPUOffloadPolicy`` (also in one process, where FSDP is otherwise skipped).
     ``check``, ``tp_plan``, ``tp_optional``, ``token_split``, ``sp_input_arity``, ``self_attention_cores``: the family's own
     (MovieGen's and Wan's blocks follow the DiT layout).
     """
@@ -164,7 +167,7 @@ def parallelize_dit(
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)
-    if d.fsdp:
+    if d.fsdp or cpu_offload:
         owned = [b for b in blocks if not isinstance(b, nn.Identity)]
         if d.ep > 1:  # experts first: their own FSDP units over the ranks that hold the same experts
             from nemo_vfm.parallel.expert_parallel import apply_expert_fsdp
@@ -172,7 +175,7 @@ def parallelize_dit(
             apply_expert_fsdp(moe_layers, pmesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                               reshard_after_forward=reshard_after_forward)
         apply_fsdp(model, owned, pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                   reshard_after_forward=reshard_after_forward)
+                   reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
     return model
 
 
@@ -206,9 +209,10 @@ def build_pipeline_stages(
 
 # -- the family, declared -------------------------------------------------------------------------------
 KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "fuse_qkv", "param_dtype", "reduce_dtype",
-                   "attention_backend", "reshard_after_forward", "float8", "float8_modules"})
+                   "attention_backend", "reshard_after_forward", "float8", "float8_modules", "cpu_offload"})
 # a block may lack cross-attention (no text) and has either the GELU or the SwiGLU MLP
-TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn" or k.startswith("mlp."))
+TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn" or k.startswith("mlp.")) | {
+    "attn.gate_compress"}  # attention="vsa" only
 SPEC = FamilySpec(name="dit", config=DiTConfig, parallelize=parallelize_dit, check_layout=check_layout, knobs=KNOBS,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
                   pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,

@@ -35,7 +35,7 @@ PP_DUPLICATED: tuple[str, ...] = ()
 # The block arguments a token split would rewrite; never installed, since check_layout refuses CP and SP.
 TOKEN_SPLIT = TokenSplit(tokens=("x_BSD",), per_token_cond=(), rope="rope", masks=(), seg_ids=None)
 KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "param_dtype", "reduce_dtype",
-                   "attention_backend", "reshard_after_forward"})
+                   "attention_backend", "reshard_after_forward", "cpu_offload"})
 
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
@@ -57,14 +57,14 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
 def parallelize_hunyuan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpointing: str = "none",
                         ac_every: int = 2, compile: bool = False, param_dtype: str | None = "bf16",
                         reduce_dtype: str | None = "fp32", attention_backend: str = "auto",
-                        reshard_after_forward: bool = True) -> nn.Module:
+                        reshard_after_forward: bool = True, cpu_offload: bool = False) -> nn.Module:
     """Apply TP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
     check_layout(model.cfg, pmesh.dims)
     return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
                            compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                            attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
-                           check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT,
-                           sp_input_arity={}, self_attention_cores=("core",))
+                           cpu_offload=cpu_offload, check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
+                           token_split=TOKEN_SPLIT, sp_input_arity={}, self_attention_cores=("core",))
 
 
 parallelize = parallelize_hunyuan  # the family-generic name

@@ -90,6 +90,7 @@ def parallelize_stdit(
     reshard_after_forward: bool = True,
     float8: str | None = None,
     float8_modules: str = "mlp",
+    cpu_offload: bool = False,
 ) -> nn.Module:
     """Apply TP/SP, (hybrid) CP, FP8 linears (``nemo_vfm.parallel.float8``), activation checkpointing, compile
     and FSDP to ``model`` in place; return it."""
@@ -116,9 +117,9 @@ def parallelize_stdit(
     apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
     if compile:
         compile_blocks(blocks)
-    if d.fsdp:
+    if d.fsdp or cpu_offload:  # cpu_offload: FSDP2's CPUOffloadPolicy, also in one process
         apply_fsdp(model, list(blocks), pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                   reshard_after_forward=reshard_after_forward)
+                   reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
     return model
 
 

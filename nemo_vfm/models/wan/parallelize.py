@@ -31,6 +31,7 @@ from nemo_vfm.parallel.mesh import ParallelMesh
 TP_PLAN: dict[str, str] = {
     "self_attn": "sp_input",
     "self_attn.q": "colwise", "self_attn.k": "colwise", "self_attn.v": "colwise", "self_attn.o": "rowwise",
+    "self_attn.gate_compress": "colwise",  # VSA's per-head gate on the coarse output: split by heads as q
     "cross_attn": "sp_input",
     "cross_attn.q": "colwise", "cross_attn.k": "colwise", "cross_attn.v": "colwise",
     "cross_attn.k_img": "colwise", "cross_attn.v_img": "colwise", "cross_attn.o": "rowwise",
@@ -38,7 +39,8 @@ TP_PLAN: dict[str, str] = {
     "ffn.0": "colwise", "ffn.2": "rowwise",
 }
 SP_INPUT_ARITY = {"self_attn": 3, "cross_attn": 3, "ffn": 1}
-TP_OPTIONAL = frozenset({"cross_attn.k_img", "cross_attn.v_img"})  # image-to-video only
+TP_OPTIONAL = frozenset({"cross_attn.k_img", "cross_attn.v_img",  # image-to-video only
+                         "self_attn.gate_compress"})  # attention="vsa" only
 TOKEN_SPLIT = TokenSplit(masks=("attn_mask",), seg_ids=None)  # text is never masked, batches are never packed
 SELF_ATTENTION_CORES = ("self_attn.core",)
 TP_PARTIAL = ("blocks.*.norm_q.weight", "blocks.*.norm_k.weight", "blocks.*.norm_k_img.weight")
@@ -78,7 +80,7 @@ def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpo
                     compile: bool = False, fuse_qkv: bool = False, param_dtype: str | None = "bf16",
                     reduce_dtype: str | None = "fp32", attention_backend: str = "auto",
                     reshard_after_forward: bool = True, float8: str | None = None,
-                    float8_modules: str = "mlp") -> nn.Module:
+                    float8_modules: str = "mlp", cpu_offload: bool = False) -> nn.Module:
     """Apply TP/SP, CP, FP8 (``ffn`` linears), activation checkpointing, compile and FSDP to ``model`` in place
     (the keyword arguments of :func:`~nemo_vfm.models.dit.parallelize.parallelize_dit`, named here so that
     ``VFMParallelStrategy`` passes its knobs on); return it."""
@@ -100,7 +102,8 @@ def parallelize_wan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpo
     return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
                            compile=compile, fuse_qkv=fuse_qkv, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                            attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
-                           float8=float8, float8_modules=float8_modules, check=check_layout, tp_plan=TP_PLAN,
+                           float8=float8, float8_modules=float8_modules, cpu_offload=cpu_offload,
+                           check=check_layout, tp_plan=TP_PLAN,
                            tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT,
                            sp_input_arity=SP_INPUT_ARITY, self_attention_cores=SELF_ATTENTION_CORES)
 
