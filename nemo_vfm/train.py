@@ -47,8 +47,13 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     gc_every_n_steps: int | None = 100  # Python GC at these steps only (ScheduledGC); None: automatic GC
     callbacks: list = field(default_factory=list)
+    # GiB per GPU: set the memory knobs left at their defaults to the fastest estimate that fits
+    # (nemo_vfm.lightning.memory_budget; docs/finetuning.md "Memory budget"); None: leave them as they are
+    memory_budget_gb: float | None = None
 
     def __post_init__(self):
+        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
+            raise ValueError(f"TrainerConfig.memory_budget_gb must be > 0 (GiB per GPU) or None, got {self.memory_budget_gb}")
         if self.max_steps < 1:
             raise ValueError(f"TrainerConfig.max_steps must be >= 1, got {self.max_steps}")
         if self.checkpoint_every_n_steps < 1:
@@ -175,8 +180,8 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
 
-    Phases: validate (before anything is built) -> take the run folder and resolve the resume -> build the module,
-    callbacks and Lightning trainer -> fit -> summarise.
+    Phases: validate (before anything is built) -> choose the memory knobs (``trainer.memory_budget_gb``) -> take
+    the run folder and resolve the resume -> build the module, callbacks and Lightning trainer -> fit -> summarise.
     """
     import lightning as L
 
@@ -189,6 +194,11 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     log, sampling = log or ExperimentConfig(), sampling or SamplingConfig()
     _validate_inputs(model, data, init_from, objective)
     rank = int(os.environ.get("RANK", "0"))
+    if trainer_cfg.memory_budget_gb is not None:  # before anything is built: sets the chosen knobs on the configs
+        from nemo_vfm.lightning.memory_budget import apply_memory_budget
+
+        apply_memory_budget(trainer_cfg.memory_budget_gb, model=model, data=data, trainer=trainer_cfg, optim=optim,
+                            lora=lora, verbose=rank == 0)
     lock = run_lock.acquire_run(log.dir) if run_lock.is_global_zero() else None  # one run per folder
     try:
         resume = _resolve_resume(model, log, lora, rank)

@@ -91,6 +91,11 @@ def write_error(path: Path, e: BaseException) -> CheckpointWriteError:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
+    def load_checkpoint(self, path: _PATH, map_location=None, weights_only: bool | None = None) -> dict:
+        # "cpu", not Lightning's callable map_location (the same placement): a callable cannot rebuild tensor
+        # subclasses such as torchao's 8-bit optimizer state; the strategy moves the states where they belong
+        return super().load_checkpoint(path, map_location="cpu", weights_only=weights_only)
+
     def save_checkpoint(self, checkpoint: dict, path: _PATH, storage_options=None) -> None:
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

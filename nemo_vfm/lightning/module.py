@@ -13,6 +13,7 @@ come from the last stage. Lightning's loop stays automatic (see ``optimizer_zero
 """
 
 import copy
+import importlib.util
 import math
 import warnings
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ import torch
 
 from nemo_vfm.diffusion.conditioning import drop_condition
 
+OPTIMIZERS = ("adamw", "adamw8bit")
+TORCHAO_MISSING = "OptimConfig.name='adamw8bit' needs torchao: pip install 'nemo-vfm[fp8]' (or set optim.name='adamw')"
 COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents")  # last two: Wan I2V
 
 
@@ -34,13 +37,39 @@ class OptimConfig:
     warmup_steps: int = 1000
     schedule: str = "constant"  # "constant" | "cosine"
     min_lr_ratio: float = 0.1
-    fused: bool | None = None  # None: fused AdamW on CUDA
+    fused: bool | None = None  # None: fused AdamW on CUDA (name="adamw" only)
+    # "adamw": torch's AdamW; "adamw8bit": torchao's AdamW8bit, both moments in 8 bits (2 bytes of state a parameter
+    # instead of 8; pip install 'nemo-vfm[fp8]'), see build_optimizer
+    name: str = "adamw"
 
     def __post_init__(self):
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"OptimConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if self.lr <= 0 or self.warmup_steps < 0:
             raise ValueError("OptimConfig.lr must be > 0 and warmup_steps >= 0")
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"OptimConfig.name must be one of {OPTIMIZERS}, got {self.name!r}")
+        if self.name == "adamw8bit" and self.fused:
+            raise ValueError("OptimConfig.fused=True is torch's fused AdamW (name='adamw'); torchao's AdamW8bit has no "
+                             "fused kernel: set fused=None or name='adamw'")
+        if self.name == "adamw8bit" and importlib.util.find_spec("torchao") is None:
+            raise ImportError(TORCHAO_MISSING)
+
+
+def build_optimizer(cfg: OptimConfig, groups: list[dict], fused: bool = False) -> torch.optim.Optimizer:
+    """``cfg.name`` over parameter ``groups``: torch's AdamW (``fused``: its fused kernel, which clips through
+    ``grad_scale`` and skips a bad update through ``found_inf``), or torchao's AdamW8bit: both moments as 8-bit codes
+    with one fp32 scale per 256 values (tensors of >= 4096 values that 256 divides; smaller ones keep fp32 state),
+    updated in fp32 by one compiled kernel per parameter. It has no fused form, so
+    :func:`~nemo_vfm.lightning.optimizer_step.prepare_update` clips by scaling the gradients (by the mesh-wide
+    norm) and drops a bad update by clearing them; DTensor (FSDP2/TP) parameters get DTensor state."""
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError as e:
+        raise ImportError(TORCHAO_MISSING) from e
+    return AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def lr_lambda(cfg: OptimConfig, max_steps: int):
@@ -141,6 +170,8 @@ class DiffusionModule(L.LightningModule):
         """Log the step's scalars (Lightning reads them at log steps) and keep them, still on the device, in
         ``step_metrics`` for per-step history without a host sync (``MetricsHistory``)."""
         lr = self.optimizers().param_groups[0]["lr"]
+        if torch.is_tensor(lr):  # AdamW8bit keeps the rate in a tensor the scheduler fills in place: keep this value
+            lr = lr.detach().clone()
         # No prog_bar=True: Lightning would read a progress-bar value on every batch (a host sync); the
         # progress bar (StepProgressBar) shows step_metrics at its refreshes instead.
         self.log("train/loss", loss, batch_size=batch_size)
@@ -271,6 +302,7 @@ class DiffusionModule(L.LightningModule):
         groups = split_dtensor_groups([{"params": decay, "weight_decay": self.optim.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}])
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
+        fused = fused and self.optim.name == "adamw"  # AdamW8bit has no fused kernel (OptimConfig refuses fused=True)
         if fused and self.trainer.gradient_clip_val and getattr(self.trainer.precision_plugin, "scaler", None):
             # fp16 loss scaling + clipping: gradients must be unscaled before clipping, outside the step
             if self.optim.fused:
@@ -278,8 +310,7 @@ class DiffusionModule(L.LightningModule):
                               "(the fused AdamW unscales inside its step, after clipping); using the unfused AdamW.",
                               stacklevel=2)
             fused = False
-        opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps,
-                                fused=fused or None)
+        opt = build_optimizer(self.optim, groups, fused)
         max_steps = self.trainer.max_steps if self.trainer.max_steps > 0 else 10**9
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.optim, max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 
 POLICIES = ("stop", "skip")
 # the device-side state: [bad steps, current streak, longest streak, first bad step, streak start,
@@ -45,7 +46,10 @@ class NonFiniteError(RuntimeError):
 def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
-    return t.to_local() if isinstance(t, DTensor) else t
+    t = t.to_local() if isinstance(t, DTensor) else t
+    if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "dequantize"):  # torchao's 8-bit AdamW state
+        t = t.dequantize()
+    return t
 
 
 def _any_nonfinite(tensors, device) -> torch.Tensor:

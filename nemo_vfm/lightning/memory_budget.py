@@ -1,0 +1,395 @@
+"""``trainer.memory_budget_gb``: pick the fastest memory settings whose estimated peak fits a GPU budget.
+
+    choice = apply_memory_budget(24, model=model_cfg, data=data, trainer=trainer_cfg, optim=optim, lora=lora)
+
+What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_attention / selective / full),
+``lora.frozen_dtype`` (None / bf16 / fp8; LoRA under a ``*-mixed`` precision), ``trainer.strategy.activation_offload``,
+``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
+``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
+installed). **Rule: a knob the user set away from its default is kept as set; only knobs at their defaults are
+chosen.** Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits is taken
+(ties: fewest changes, then least memory). One line per faster candidate that does not fit is printed.
+
+The memory model (per GPU, GiB = 2**30 bytes; an estimate, not a measurement). Parameter counts come from the
+network built on the meta device (no memory allocated), with LoRA adapters applied, per block and outside the blocks:
+
+- trainable parameters: fp32 weights + AdamW state (8 B; ``adamw8bit``: 2 B + block scales) + fp32 gradients;
+  frozen ones: 4 B (None), 2 B (bf16), 1 B per adapted base weight + 4 B per row + 2 B the rest (fp8); all divided
+  by the model shards (FSDP x TP x PP); FSDP gathers two blocks in bf16 at a time. ``block_swap=N``: the frozen
+  weights of N blocks leave the GPU, two blocks' worth stays as a staging buffer; under autocast a swapped block that
+  is not checkpointed keeps the bf16 cast of an fp32 or fp8 base for backward (docs/finetuning.md).
+  ``cpu_offload``: weights, gradients and optimizer state live on the host; two gathered blocks (bf16 weights +
+  fp32 gradients) and the weights outside the blocks stay.
+- activations: an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
+  values (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100, docs/finetuning.md);
+  a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
+  block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
+  what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
+  Backward frees activations as it fills gradients, so the peak counts the larger of the two. Plus
+  ``OVERHEAD_GIB`` (CUDA context, workspaces, fragmentation).
+  Checked against the measured Wan 1.3B / 14B LoRA peaks in tests/lightning/test_memory_budget.py.
+
+Slowdown factors (estimates; relative to no checkpointing and nothing offloaded). Recomputation from the family's
+FLOP counter (a step = 3 forwards): full 4/3, selective 1 + (checkpointed share)/3, save_attention
+1 + (non-attention share)/3 (on Wan 1.3B LoRA at 32,760 tokens these give full/save_attention 1.21 and
+selective/save_attention 1.06; measured 1.18 and 1.04). Host copies (``HOST_LINK_GBPS``) overlap compute
+(``EFFECTIVE_TFLOPS``): factor ``max(1, copy time / compute time)`` times ``1 + SYNC_OVERHEAD`` per mechanism;
+``cpu_offload`` adds the host AdamW (``CPU_ADAM_PARAMS_PER_S``), which does not overlap. activation_offload and
+block_swap run the blocks eager (``nemo_vfm.parallel.config.ParallelConfig.resolve_compile``): ``EAGER`` where they
+would be compiled (our Wan 1.3B LoRA step spends 192 ms of 1,835 in fused Triton element-wise kernels where
+diffusers' eager step spends 709: (1835 - 192 + 709) / 1835 = 1.28). fp8 bases (dequantised every matmul)
+``FP8_DEQUANT``, fp32 ones under autocast (cast at every matmul) ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT``.
+None of these factors is measured on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from dataclasses import dataclass
+
+GIB = 1024**3
+ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed block keeps (fit, see above)
+OUTSIDE_RESIDUALS = 4  # token x hidden bf16 tensors outside the blocks (embedding, head, residual gradient)
+OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation (fit, see above)
+EFFECTIVE_TFLOPS = 400.0  # bf16 model TFLOP/s of a step on an H100 (DiT-7B on one H100: 44% MFU = 435, DESIGN.md)
+HOST_LINK_GBPS = 25.0  # pinned host <-> device copies, one direction (PCIe 4/5 x16 in practice; not measured here)
+CPU_ADAM_PARAMS_PER_S = 1e9  # host AdamW throughput (parameters per second; a guess, not measured)
+EAGER = 1.28  # uncompiled blocks (activation_offload / block_swap run eager): Wan 1.3B LoRA profile, see above
+SYNC_OVERHEAD = 0.02  # per offload mechanism: stream waits and copies that do not overlap
+FP8_DEQUANT = 1.03  # fp8 frozen bases: a dequantising pass over the weights at every matmul
+FP32_FROZEN = 1.01  # fp32 frozen weights under autocast: a bf16 copy of each weight made at every matmul
+ADAMW8BIT = 1.02  # torchao's 8-bit AdamW: one compiled kernel per parameter (host overhead)
+ADAMW8BIT_BYTES = 2 + 8 / 256  # two uint8 states + one fp32 scale per 256 values each
+
+AC_MODES = ("none", "save_attention", "selective", "full")
+DEFAULTS = {"activation_checkpointing": "none", "frozen_dtype": None, "activation_offload": False, "block_swap": 0,
+            "cpu_offload": False, "optim_name": "adamw"}
+STRATEGY_KNOBS = ("activation_checkpointing", "activation_offload", "block_swap", "cpu_offload")
+KNOB_NAMES = {**{k: f"trainer.strategy.{k}" for k in STRATEGY_KNOBS}, "frozen_dtype": "lora.frozen_dtype",
+              "optim_name": "optim.name"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemorySettings:
+    """One candidate: the knobs the chooser sets (names as in ``DEFAULTS``)."""
+
+    activation_checkpointing: str = "none"
+    frozen_dtype: str | None = None
+    activation_offload: bool = False
+    block_swap: int = 0
+    cpu_offload: bool = False
+    optim_name: str = "adamw"
+
+    def describe(self, against: MemorySettings | None = None) -> str:
+        """The knobs that differ from ``against`` (default: the defaults), as ``name=value``."""
+        ref = dataclasses.asdict(against) if against is not None else DEFAULTS
+        said = [f"{KNOB_NAMES[k]}={v}" for k, v in dataclasses.asdict(self).items() if v != ref[k]]
+        return ", ".join(said) or "no memory knob changed"
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameter counts of one block (or of everything outside the blocks)."""
+
+    trainable: int = 0
+    frozen_linear: int = 0  # frozen base weights of LoRA-adapted linears (what fp8 stores in one byte)
+    frozen_rows: int = 0  # their output rows (fp8: one fp32 scale each)
+    frozen_other: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.trainable + self.frozen_linear + self.frozen_other
+
+    def frozen_bytes(self, frozen_dtype: str | None) -> float:
+        frozen = self.frozen_linear + self.frozen_other
+        if frozen_dtype == "fp8":
+            return self.frozen_linear + 4 * self.frozen_rows + 2 * self.frozen_other
+        return frozen * (2 if frozen_dtype in ("bf16", "fp16") else 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What the memory model reads of a run (per GPU and step)."""
+
+    blocks: tuple[Params, ...]
+    outside: Params
+    hidden_size: int
+    ffn_size: int
+    ffn_tensors: int = 2  # FFN intermediates a block keeps per token (GELU: 2, SwiGLU: 3)
+    tokens: int  # video tokens per GPU and step (batch x tokens per sample / token shards)
+    forward_flops: float  # per GPU and step
+    attention_share: float  # attention FLOPs / forward FLOPs
+    lora: bool
+    model_shards: int = 1  # FSDP x TP x PP ranks the weights are split over
+    compile: bool = False  # whether the blocks run compiled (activation_offload and block_swap turn that off)
+    autocast: bool = True  # a *-mixed precision: fp32 frozen weights are cast to bf16 at every matmul
+    ac_every: int = 2  # selective checkpointing: every n-th block
+
+    def __post_init__(self):
+        if not self.blocks or self.tokens < 1:
+            raise ValueError(f"a workload needs at least one block and one token, got {len(self.blocks)} blocks and "
+                             f"{self.tokens} tokens")
+
+
+def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
+    """Per-block and outside-block :class:`Params` of ``model_config.build("meta")`` (with ``lora`` adapters
+    applied; nothing is allocated). Every family's network keeps its transformer blocks in ``.blocks``."""
+    from nemo_vfm.models.common.lora import LoRALinear, apply_lora
+
+    net = model_config.build("meta")
+    if lora is not None:
+        apply_lora(net, dataclasses.replace(lora, frozen_dtype=None))  # storage dtypes are modelled, not built
+    rows = {id(m.base.weight): m.base.out_features for m in net.modules() if isinstance(m, LoRALinear)}
+
+    def tally(params) -> Params:
+        t = fl = fr = fo = 0
+        for p in params:
+            if p.requires_grad:
+                t += p.numel()
+            elif id(p) in rows:
+                fl, fr = fl + p.numel(), fr + rows[id(p)]
+            else:
+                fo += p.numel()
+        return Params(t, fl, fr, fo)
+
+    blocks = tuple(tally(b.parameters()) for b in net.blocks)
+    inside = {id(p) for b in net.blocks for p in b.parameters()}
+    return blocks, tally(p for p in net.parameters() if id(p) not in inside)
+
+
+def _ffn(cfg) -> tuple[int, int]:
+    """(FFN width, intermediates kept per token) of a family config."""
+    width = getattr(cfg, "ffn_size", None) or int(getattr(cfg, "mlp_ratio", 4.0) * cfg.hidden_size)
+    return width, 3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2
+
+
+def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shards: int = 1,
+             ac_every: int = 2, compile: bool = False, autocast: bool = True) -> Workload:
+    """The :class:`Workload` of ``model_config`` on ``data`` (its ``latent_shape``, ``batch_size`` and
+    ``max_seq_length``): tokens from the latent grid and the family's patch size, FLOPs from its counter."""
+    from nemo_vfm.models.families import family_spec
+
+    _, t, h, w = data.latent_shape
+    grid = tuple(n // p for n, p in zip((t, h, w), model_config.patch_size))
+    per_sample = math.prod(grid)
+    samples = data.batch_size * (max(1, data.max_seq_length // per_sample) if data.max_seq_length else 1)
+    text = [getattr(model_config, "text_len", 512)] * samples
+    flops = family_spec(model_config).flops(model_config, [per_sample] * samples, text, [grid] * samples)
+    blocks, outside = count_params(model_config, lora)
+    ffn, kept = _ffn(model_config)
+    return Workload(blocks=blocks, outside=outside, hidden_size=model_config.hidden_size, ffn_size=ffn,
+                    ffn_tensors=kept, tokens=max(1, samples * per_sample // token_shards),
+                    forward_flops=flops.forward / token_shards, attention_share=flops.attention / flops.forward,
+                    lora=lora is not None, model_shards=model_shards, ac_every=ac_every, compile=compile,
+                    autocast=autocast)
+
+
+def _checkpointed(w: Workload, mode: str) -> list[bool]:
+    """Which blocks ``mode`` checkpoints (``selective``: every ``ac_every``-th)."""
+    n = len(w.blocks)
+    if mode == "selective":
+        return [(i + 1) % w.ac_every == 0 for i in range(n)]
+    return [mode != "none"] * n
+
+
+def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float]:
+    """Bytes each block keeps for backward under ``mode`` that activation offloading moves to the host, bytes kept
+    on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
+    un-checkpointed block's (what a checkpointed block recomputes)."""
+    full = w.tokens * (ACT_PER_HIDDEN * w.hidden_size + w.ffn_tensors * w.ffn_size) * 2
+    inp = w.tokens * w.hidden_size * 2
+    n = len(w.blocks)
+    moved = [inp if c else full for c in _checkpointed(w, mode)]
+    return moved, (n * inp if mode == "save_attention" else 0.0), full
+
+
+def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
+    """Estimated peak bytes per GPU of ``w`` under ``s``, by part (see the module docstring)."""
+    shards, blocks = w.model_shards, w.blocks
+    trainable = sum(p.trainable for p in blocks) + w.outside.trainable
+    optim = 8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES
+    frozen = [p.frozen_bytes(s.frozen_dtype) for p in blocks]
+    swapped = sum(frozen[: s.block_swap])
+    if w.autocast and s.frozen_dtype not in ("bf16", "fp16"):  # a swapped block that is not checkpointed keeps the
+        kept = _checkpointed(w, s.activation_checkpointing)  # bf16 cast of its fp32 / fp8 weights for backward
+        swapped -= sum(2 * (p.frozen_linear + p.frozen_other) for p, c in zip(blocks[: s.block_swap], kept) if not c)
+    staging = min(2, s.block_swap) * max(frozen[: s.block_swap], default=0)
+    biggest = max(p.total for p in blocks)
+    if s.cpu_offload:  # two gathered blocks (bf16 weights, fp32 gradients) and the outside weights on the GPU
+        states, grads = (2 * biggest + w.outside.total) * 6, 0.0
+    else:
+        states, grads = trainable * (4 + optim) / shards, trainable * 4 / shards
+    gather = 2 * biggest * 2 if shards > 1 else 0
+    weights = states + (sum(frozen) - swapped + w.outside.frozen_bytes(s.frozen_dtype)) / shards + staging + gather
+    moved, resident, full = _kept_activations(w, s.activation_checkpointing)
+    kept = min(2 * max(moved), sum(moved)) if s.activation_offload else sum(moved)  # offload: two blocks in flight
+    acts = kept + resident + (full if s.activation_checkpointing != "none" else 0)
+    acts += OUTSIDE_RESIDUALS * w.tokens * w.hidden_size * 2
+    return {"weights and optimizer": weights, "max(gradients, activations)": max(grads, acts),
+            "overhead": OVERHEAD_GIB * GIB}
+
+
+def estimate_gib(w: Workload, s: MemorySettings) -> float:
+    """Estimated peak GiB per GPU."""
+    return sum(memory_breakdown(w, s).values()) / GIB
+
+
+def slowdown(w: Workload, s: MemorySettings) -> float:
+    """Estimated step time of ``s`` over that of no checkpointing and nothing offloaded (see the module docstring)."""
+    moved, _, _ = _kept_activations(w, s.activation_checkpointing)
+    n = len(w.blocks)
+    recompute = sum(_checkpointed(w, s.activation_checkpointing)) / n  # full: 1, selective: its share
+    if s.activation_checkpointing == "save_attention":
+        recompute = 1 - w.attention_share
+    base_s = 3 * w.forward_flops / (EFFECTIVE_TFLOPS * 1e12)
+    compute_s = base_s * (1 + recompute / 3) * (EAGER if w.compile and (s.activation_offload or s.block_swap) else 1)
+    copies, mechanisms, host_s = 0.0, 0, 0.0
+    if s.activation_offload:
+        copies, mechanisms = copies + 2 * sum(moved), mechanisms + 1  # out in forward, back in backward
+    if s.block_swap:
+        swapped = sum(p.frozen_bytes(s.frozen_dtype) for p in w.blocks[: s.block_swap])
+        copies, mechanisms = copies + 2 * swapped, mechanisms + 1  # in for forward and again for backward
+    if s.cpu_offload:
+        trainable = (sum(p.trainable for p in w.blocks) + w.outside.trainable) / w.model_shards
+        copies, mechanisms = copies + 12 * trainable, mechanisms + 1  # fp32 weights in twice, gradients out
+        host_s = trainable / CPU_ADAM_PARAMS_PER_S  # the host AdamW step: after backward, no overlap
+    step_s = max(compute_s, copies / (HOST_LINK_GBPS * 1e9)) * (1 + SYNC_OVERHEAD) ** mechanisms + host_s
+    factor = step_s / base_s
+    if s.frozen_dtype == "fp8":
+        factor *= FP8_DEQUANT
+    elif s.frozen_dtype is None and w.lora and w.autocast:
+        factor *= FP32_FROZEN
+    if s.optim_name == "adamw8bit":
+        factor *= ADAMW8BIT
+    return factor
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The settings taken, their estimates, and the faster candidates that do not fit (settings, GiB, slowdown)."""
+
+    settings: MemorySettings
+    gib: float
+    slowdown: float
+    rejected: tuple[tuple[MemorySettings, float, float], ...]
+
+    def report(self, budget_gib: float, current: MemorySettings | None = None) -> str:
+        lines = [f"memory budget {budget_gib:g} GiB: {self.settings.describe(current)} (estimated {self.gib:.1f} GiB, "
+                 f"slowdown x{self.slowdown:.2f}; estimates, see nemo_vfm/lightning/memory_budget.py)"]
+        lines += [f"  rejected, faster but over budget: {s.describe(current)}: {g:.1f} GiB (x{f:.2f})"
+                  for s, g, f in self.rejected]
+        return "\n".join(lines)
+
+
+def options(w: Workload, fixed: dict, *, mixed_precision: bool = True, torchao: bool = True, strategy: bool = True,
+            offload: bool = True, fsdp: bool = True) -> dict[str, tuple]:
+    """The values tried per knob. ``fixed`` (knob -> value: what the user set) is kept. ``strategy=False``: no
+    ``VFMParallelStrategy`` carries the strategy knobs; ``offload=False``: the layout takes no offloading (pipeline
+    parallelism); ``fsdp``: cpu_offload applies. Block swapping needs unsharded weights (``w.model_shards == 1``).
+    ``block_swap`` ``None``: 0, then the fewest blocks that fit."""
+    unknown = set(fixed) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown memory knobs {sorted(unknown)}; the knobs are {sorted(DEFAULTS)}")
+    offload = offload and strategy
+    opts = {"activation_checkpointing": AC_MODES if strategy else ("none",),
+            "frozen_dtype": (None, "bf16", "fp8") if w.lora and mixed_precision else (None,),
+            "activation_offload": (False, True) if offload else (False,),
+            "block_swap": None if w.lora and offload and w.model_shards == 1 else (0,),
+            "cpu_offload": (False, True) if not w.lora and fsdp and offload else (False,),
+            "optim_name": ("adamw", "adamw8bit") if not w.lora and torchao else ("adamw",)}
+    return {**opts, **{k: (v,) for k, v in fixed.items()}}
+
+
+def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[int, ...]:
+    """``block_swap`` values for ``s``: ``tried``, or 0 and then the fewest blocks that fit (all: none fits)."""
+    if tried is not None:
+        return tuple(tried)
+    if estimate_gib(w, s) <= budget_gib:
+        return (0,)
+    n = len(w.blocks)
+    fits = next((k for k in range(1, n + 1) if estimate_gib(w, dataclasses.replace(s, block_swap=k)) <= budget_gib), n)
+    return 0, fits
+
+
+def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None) -> Choice:
+    """The fastest candidate of ``opts`` (see :func:`options`) that fits ``budget_gib``; ties: fewest changes from
+    ``current``, then least memory. Raises ``ValueError`` naming the smallest estimate when nothing fits."""
+    current = current or MemorySettings()
+    base = [k for k in DEFAULTS if k != "block_swap"]
+    scored = []
+    for combo in itertools.product(*(opts[k] for k in base)):
+        s = MemorySettings(**dict(zip(base, combo)))
+        for n in _swaps(w, s, budget_gib, opts["block_swap"]):
+            c = dataclasses.replace(s, block_swap=n)
+            if c.cpu_offload and c.block_swap:  # cpu_offload keeps every weight on the host already (refused)
+                continue
+            changes = sum(a != b for a, b in zip(dataclasses.astuple(c), dataclasses.astuple(current)))
+            scored.append((round(slowdown(w, c), 4), changes, estimate_gib(w, c), c))
+    scored.sort(key=lambda x: x[:3])
+    for i, (f, _, g, s) in enumerate(scored):
+        if g <= budget_gib:
+            faster = [(r, rg, rf) for rf, _, rg, r in scored[:i] if rf < f]
+            # those no other faster candidate beats in memory as well (the rest tell nothing new)
+            shown = [x for x in faster if not any(y[2] <= x[2] and y[1] < x[1] for y in faster)]
+            return Choice(s, g, f, tuple(shown))
+    f, _, g, s = min(scored, key=lambda x: x[2])
+    raise ValueError(f"nothing fits trainer.memory_budget_gb={budget_gib:g}: the smallest estimate is {g:.1f} GiB "
+                     f"({s.describe(current)}); raise the budget, lower data.batch_size or the clip size, use more GPUs "
+                     "(FSDP shards the weights), or unset the memory knobs you fixed")
+
+
+def _layout(strategy, trainer) -> tuple[object, int, int]:
+    """(ParallelConfig, model shards, token shards) of the run; a strategy name gives the default config."""
+    from nemo_vfm.parallel.config import ParallelConfig
+
+    cfg = getattr(strategy, "config", None) or ParallelConfig()
+    devices = trainer.devices if isinstance(trainer.devices, int) else 1
+    world = int(os.environ.get("WORLD_SIZE", "0")) or devices * trainer.num_nodes
+    tp, cp, pp = cfg.tensor_model_parallel_size, cfg.context_parallel_size, cfg.pipeline_model_parallel_size
+    sharded = cfg.fsdp and not isinstance(strategy, str)  # a strategy name: Lightning's, which does not shard
+    fsdp = max(1, world // (tp * cp * pp * cfg.data_parallel_replicate_size)) if sharded else 1
+    return cfg, fsdp * tp * pp, cp * (tp if cfg.sequence_parallel else 1)
+
+
+def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, verbose: bool = True) -> Choice:
+    """Choose with :func:`choose` for this run and set the chosen knobs on ``trainer.strategy`` (a
+    ``VFMParallelStrategy``; the strategy name ``"auto"`` becomes one when a strategy knob changes), ``lora`` and
+    ``optim``. A knob already away from its default is the user's and is kept (see the module docstring)."""
+    import importlib.util
+
+    import torch
+
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+    strategy = trainer.strategy
+    carries = isinstance(strategy, VFMParallelStrategy) or strategy == "auto"
+    cfg, model_shards, token_shards = _layout(strategy, trainer)
+    current = MemorySettings(
+        activation_checkpointing=cfg.activation_checkpointing, frozen_dtype=getattr(lora, "frozen_dtype", None),
+        activation_offload=cfg.activation_offload, block_swap=cfg.block_swap, cpu_offload=cfg.cpu_offload,
+        optim_name=optim.name)
+    fixed = {k: v for k, v in dataclasses.asdict(current).items() if v != DEFAULTS[k]}
+    compiled = cfg.compile is True or (cfg.compile == "auto" and torch.cuda.is_available())
+    mixed = "mixed" in str(trainer.precision)
+    w = workload(model, data, lora, model_shards=model_shards, token_shards=token_shards,
+                 ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed)
+    opts = options(w, fixed, mixed_precision=mixed, strategy=carries,
+                   torchao=importlib.util.find_spec("torchao") is not None,
+                   offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
+    choice = choose(w, budget_gb, opts, current)
+    if verbose:
+        print(choice.report(budget_gb, current))
+    s = choice.settings
+    changes = {k: getattr(s, k) for k in STRATEGY_KNOBS if getattr(s, k) != getattr(cfg, k)}
+    if changes and isinstance(strategy, str):
+        trainer.strategy = VFMParallelStrategy(**changes)
+    elif changes:  # what VFMParallelStrategy.__init__ derives from its knobs
+        strategy.config = dataclasses.replace(strategy.config, **changes)
+        strategy.parallelize_kwargs = strategy.config.family_knobs
+    if lora is not None:
+        lora.frozen_dtype = s.frozen_dtype
+    optim.name = s.optim_name
+    return choice

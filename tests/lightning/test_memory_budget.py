@@ -1,0 +1,201 @@
+"""``trainer.memory_budget_gb``: the memory model against the peaks measured on one H100, the chooser's decisions on
+14B-sized configs built on the meta device (nothing allocated), the user's knobs kept, the error when nothing fits,
+and the wiring through ``train()`` (the knobs set on the configs before anything is built)."""
+
+import dataclasses
+import itertools
+import types
+
+import pytest
+
+from nemo_vfm.lightning.memory_budget import (
+    DEFAULTS,
+    MemorySettings,
+    apply_memory_budget,
+    choose,
+    estimate_gib,
+    options,
+    slowdown,
+    workload,
+)
+from nemo_vfm.models.common.lora import LoRAConfig
+from nemo_vfm.models.wan.flavors import wan_config
+
+# bench/wan_step.py --mode lora: adapters on every attention and FFN linear, rank 32
+WAN_TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
+               "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2")
+LATENT_480P_81F = (16, 21, 60, 104)  # 32,760 tokens
+LATENT_480P_IMAGE = (16, 1, 60, 104)  # one frame: 1,560 tokens
+
+
+def _data(latent=LATENT_480P_81F, batch_size=1):
+    return types.SimpleNamespace(latent_shape=latent, batch_size=batch_size, max_seq_length=None)
+
+
+def _lora(**kw):
+    return LoRAConfig(rank=32, alpha=32.0, targets=WAN_TARGETS, **kw)
+
+
+@pytest.fixture(scope="module")
+def wan14b_lora():
+    return workload(wan_config("t2v_14b"), _data(), _lora(), compile=True)
+
+
+@pytest.mark.parametrize("flavor,lora,ac,frozen,measured", [
+    # bench/results/*.json: one H100, batch 1, 480p x 81 frames, compiled blocks, frozen base in bf16
+    ("t2v_1_3b", True, "save_attention", "bf16", 14.0),  # wan_1_3b_lora_h100.json
+    ("t2v_1_3b", True, "selective", "bf16", 47.3),  # wan_1_3b_lora_selective_h100.json
+    ("t2v_1_3b", True, "full", "bf16", 12.0),  # docs/finetuning.md (commit e44d9c8)
+    ("t2v_14b", True, "save_attention", "bf16", 63.7),  # wan_14b_lora_h100.json
+    ("t2v_1_3b", False, "save_attention", None, 27.1),  # wan_1_3b_full_h100.json (all weights, AdamW)
+])
+def test_estimates_match_the_measured_h100_peaks(flavor, lora, ac, frozen, measured):
+    w = workload(wan_config(flavor), _data(), _lora() if lora else None)
+    est = estimate_gib(w, MemorySettings(activation_checkpointing=ac, frozen_dtype=frozen))
+    assert est == pytest.approx(measured, rel=0.08), est
+
+
+def test_80_gib_trains_14b_lora_without_offloading(wan14b_lora):
+    choice = choose(wan14b_lora, 80, options(wan14b_lora, {}))
+    s = choice.settings
+    assert not s.activation_offload and s.block_swap == 0 and not s.cpu_offload
+    assert s.activation_checkpointing == "save_attention" and s.frozen_dtype == "bf16"  # what lora_wan_14b sets
+    assert choice.gib <= 80 and all(g > 80 and f < choice.slowdown for _, g, f in choice.rejected)
+
+
+def test_24_gib_swaps_blocks_and_offloads_activations(wan14b_lora):
+    s = choose(wan14b_lora, 24, options(wan14b_lora, {})).settings
+    assert s.block_swap > 0 and s.activation_offload and s.frozen_dtype is not None
+    assert estimate_gib(wan14b_lora, s) <= 24 < estimate_gib(wan14b_lora, dataclasses.replace(s, block_swap=0))
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_16_gib_takes_fp8_bases_and_block_swap_for_images(compile):
+    """Short sequences (one 480p frame): little to checkpoint, so the base shrinks (fp8: half of bf16) and the rest
+    of it is swapped; 24 GiB takes fp8 alone."""
+    w = workload(wan_config("t2v_14b"), _data(LATENT_480P_IMAGE), _lora(), compile=compile)
+    s = choose(w, 16, options(w, {})).settings
+    assert s.frozen_dtype == "fp8" and s.block_swap > 0 and estimate_gib(w, s) <= 16
+    s24 = choose(w, 24, options(w, {})).settings
+    assert s24.frozen_dtype == "fp8" and s24.block_swap == 0 and not s24.activation_offload
+
+
+def _all_candidates(w, opts):
+    """Every combination, every block_swap value included."""
+    knobs = [k for k in DEFAULTS if k != "block_swap"]
+    swaps = opts["block_swap"] or range(len(w.blocks) + 1)
+    for combo in itertools.product(*(opts[k] for k in knobs), swaps):
+        yield MemorySettings(**dict(zip(knobs, combo[:-1])), block_swap=combo[-1])
+
+
+@pytest.mark.parametrize("budget", [80, 40, 24])
+def test_the_choice_is_the_fastest_candidate_that_fits(wan14b_lora, budget):
+    opts = options(wan14b_lora, {})
+    choice = choose(wan14b_lora, budget, opts)
+    fitting = [slowdown(wan14b_lora, s) for s in _all_candidates(wan14b_lora, opts)
+               if estimate_gib(wan14b_lora, s) <= budget]
+    assert choice.slowdown == pytest.approx(min(fitting), abs=1e-4)
+
+
+def test_nothing_fits_names_the_smallest_estimate(wan14b_lora):
+    opts = options(wan14b_lora, {})
+    smallest = min(estimate_gib(wan14b_lora, s) for s in _all_candidates(wan14b_lora, opts))
+    with pytest.raises(ValueError, match=rf"nothing fits trainer.memory_budget_gb=8: the smallest estimate is "
+                                         rf"{smallest:.1f} GiB"):
+        choose(wan14b_lora, 8, opts)
+
+
+def test_knobs_the_user_set_are_kept(wan14b_lora):
+    """save_attention would be chosen at 80 GiB; set to ``full`` (and fp8 bases) by the user, they stay."""
+    fixed = {"activation_checkpointing": "full", "frozen_dtype": "fp8"}
+    s = choose(wan14b_lora, 80, options(wan14b_lora, fixed)).settings
+    assert s.activation_checkpointing == "full" and s.frozen_dtype == "fp8"
+    with pytest.raises(ValueError, match="nothing fits"):  # user's block_swap=0 is the default: free to change
+        choose(wan14b_lora, 20, options(wan14b_lora, {**fixed, "activation_offload": False, "block_swap": 0}))
+
+
+def test_full_finetuning_14b_on_one_80_gib_gpu_offloads_to_the_host():
+    w = workload(wan_config("t2v_14b"), _data(), None, compile=True)
+    opts = options(w, {})
+    assert opts["frozen_dtype"] == (None,) and opts["block_swap"] == (0,)  # LoRA-only knobs
+    s = choose(w, 80, opts).settings
+    assert s.cpu_offload
+    sharded = workload(wan_config("t2v_14b"), _data(), None, model_shards=8, compile=True)  # FSDP over 8 GPUs
+    s8 = choose(sharded, 48, options(sharded, {})).settings  # 8-bit AdamW state: 2 of 16 bytes a parameter
+    assert s8 == MemorySettings(activation_checkpointing="save_attention", optim_name="adamw8bit")
+    assert options(sharded, {}, torchao=False)["optim_name"] == ("adamw",)
+
+
+def _tiny():
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.models.dit.model import DiTConfig
+
+    model = DiTConfig(num_layers=4, hidden_size=32, num_heads=2, in_channels=4, context_dim=None)
+    data = MockLatentDataModule(latent_channels=4, num_frames=2, height=8, width=8, context_dim=None, batch_size=2,
+                                num_samples=8)
+    return model, data
+
+
+def test_apply_sets_the_chosen_knobs_on_the_configs(capsys):
+    """A budget just under the estimate without checkpointing: the strategy name "auto" becomes a
+    VFMParallelStrategy carrying the chosen knobs; the user's knob (``activation_checkpointing_every``, not a memory
+    knob, and ``lora.frozen_dtype``) are kept."""
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.train import TrainerConfig
+
+    model, data = _tiny()
+    lora = LoRAConfig(rank=2, frozen_dtype="bf16")
+    w = workload(model, data, lora)
+    budget = (estimate_gib(w, MemorySettings(frozen_dtype="bf16")) +
+              estimate_gib(w, MemorySettings(frozen_dtype="bf16", activation_checkpointing="full"))) / 2
+    trainer, optim = TrainerConfig(accelerator="cpu", devices=1), OptimConfig()
+    choice = apply_memory_budget(budget, model=model, data=data, trainer=trainer, optim=optim, lora=lora)
+    assert isinstance(trainer.strategy, VFMParallelStrategy)
+    cfg = trainer.strategy.config
+    s = choice.settings
+    assert (cfg.activation_checkpointing, cfg.activation_offload, cfg.block_swap) == (
+        s.activation_checkpointing, s.activation_offload, s.block_swap)
+    assert s != MemorySettings(frozen_dtype="bf16") and lora.frozen_dtype == "bf16"
+    assert trainer.strategy.parallelize_kwargs["activation_checkpointing"] == s.activation_checkpointing
+    out = capsys.readouterr().out
+    assert f"memory budget {budget:g} GiB" in out and "rejected, faster but over budget" in out
+
+
+def test_apply_keeps_a_strategy_knob_the_user_set():
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.train import TrainerConfig
+
+    model, data = _tiny()
+    strategy = VFMParallelStrategy(activation_checkpointing="selective", compile=False)
+    trainer = TrainerConfig(accelerator="cpu", devices=1, strategy=strategy)
+    w = workload(model, data)
+    budget = estimate_gib(w, MemorySettings(activation_checkpointing="selective")) - 1e-9  # selective alone: over
+    choice = apply_memory_budget(budget, model=model, data=data, trainer=trainer, optim=OptimConfig(), verbose=False)
+    assert trainer.strategy is strategy and strategy.config.activation_checkpointing == "selective"
+    assert choice.settings != MemorySettings(activation_checkpointing="selective") and choice.gib <= budget
+
+
+def test_train_chooses_before_anything_is_built(tmp_path):
+    """Through ``train()``: nothing fits -> the error, and no experiment folder; a fitting budget -> the chosen knobs
+    on the run's strategy, and the run trains."""
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    model, data = _tiny()
+    lora = LoRAConfig(rank=2)
+    log = ExperimentConfig(name="tight", root=str(tmp_path), tensorboard=False)
+    common = dict(max_steps=1, accelerator="cpu", devices=1, precision="32-true", enable_progress_bar=False)
+    with pytest.raises(ValueError, match="nothing fits trainer.memory_budget_gb=0.5"):
+        train(model=model, data=data, trainer=TrainerConfig(memory_budget_gb=0.5, **common), log=log,
+              sampling=SamplingConfig(enabled=False), ema_decay=None, lora=lora)
+    assert not log.dir.exists()
+    w = workload(model, data, lora)
+    budget = estimate_gib(w, MemorySettings(activation_checkpointing="full")) + 1e-9  # "none" does not fit
+    trainer = TrainerConfig(memory_budget_gb=budget, **common)
+    out = train(model=model, data=data, trainer=trainer, log=dataclasses.replace(log, name="fits"),
+                sampling=SamplingConfig(enabled=False), ema_decay=None, lora=lora)
+    cfg = trainer.strategy.config
+    assert out["step"] == 1
+    assert (cfg.activation_checkpointing, cfg.activation_offload, cfg.block_swap) != ("none", False, 0)
