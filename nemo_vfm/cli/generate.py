@@ -14,6 +14,8 @@
     vfm generate --ckpt /models/Wan2.2-T2V-A14B-Diffusers --prompt "..." --guidance 4 --guidance-2 3
     # Cosmos-Predict2.5 folders: Text2World, Video2World (the clip's last frames) or Image2World
     vfm generate --ckpt /models/Cosmos-Predict2.5-2B --prompt "..." --video clip.mp4 [--cond-frames 1] --guidance 8
+    # HunyuanVideo 1.5 pipeline folders: T2V, or I2V folders with --image (the release's guidance is 6)
+    vfm generate --ckpt /models/HunyuanVideo-1.5-480p_t2v --prompt 'a shop sign that says "OPEN"' --guidance 6
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
@@ -60,8 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on for Wan checkpoints on CUDA, off otherwise)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
-    p.add_argument("--image", help="image-to-video (Wan I2V folders; optional for Wan 2.2 TI2V and Cosmos "
-                                   "folders): the first frame")
+    p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V "
+                                   "and Cosmos folders): the first frame")
     p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
                                    "generation size)")
     p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "
@@ -228,13 +230,16 @@ def _run(args) -> int:
 
         check_generation_parts(info)
         wan22 = "experts" in gen or isinstance(info.objective, FirstFrameFlowMatching)
-    i2v = getattr(info.model_config, "is_i2v", False) or getattr(info.model_config, "cond_channels", 0) > 0
+    hunyuan = info.kind == "hunyuan" or "glyph_encoder" in gen  # a HunyuanVideo 1.5 folder or its export
+    i2v = ("image_encoder" in gen) if hunyuan else (getattr(info.model_config, "is_i2v", False)
+                                                    or getattr(info.model_config, "cond_channels", 0) > 0)
     cosmos = info.kind == "cosmos"
     video, cond_frames = getattr(args, "video", None), getattr(args, "cond_frames", None)
     takes_image = i2v or (wan22 and "experts" not in gen) or cosmos  # Wan 2.2 TI2V, Cosmos: from text or an image
     if (i2v and not args.image) or (args.image and not takes_image):
         raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if i2v else
-                         "--image is for image-to-video models (Wan I2V folders, Wan 2.2 TI2V, Cosmos); drop it")
+                         "--image is for image-to-video models (Wan and HunyuanVideo I2V folders, Wan 2.2 TI2V, "
+                         "Cosmos); drop it")
     if video and not cosmos:
         raise ValueError("--video is Cosmos-Predict2.5 Video2World (a Cosmos pipeline folder as --ckpt); drop it")
     if video and args.image:
@@ -274,6 +279,10 @@ def _run(args) -> int:
             tokenizer = TiledTokenizer(tokenizer, tile_size=args.decode_tile, tile_overlap=args.decode_overlap)
         channels, *trained_thw = gen["latent_shape"]
         frames, height, width = _pixel_size(args, tokenizer, trained_thw)
+        if hunyuan and args.image and not (args.height or args.width):  # as the I2V pipeline: the image's size
+            from nemo_vfm.inference.hunyuan import image_size
+
+            height, width = image_size(info, args.image)
         thw = latent_size(tokenizer, frames, height, width, info.model_config.patch_size, layout.token_split)
         check_model_layout(info.model_config, layout, thw)  # heads vs tp/cp, before loading weights
         dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -289,6 +298,14 @@ def _run(args) -> int:
             from nemo_vfm.inference.wan import low_noise_engine
 
             low = low_noise_engine(info, engine, layout, compile=default_compile(args, info, device))
+        if hunyuan:  # HunyuanVideo 1.5: the ByT5 glyph encoder beside the Qwen2.5-VL text encoder (rank 0)
+            from nemo_vfm.inference.hunyuan import generate_hunyuan, glyph_encoder
+
+            glyph = glyph_encoder(info) if rank == 0 else None
+            if args.image:
+                from nemo_vfm.inference.hunyuan import image_conditions
+
+                first_image = image_conditions(info, engine.tokenizer, args.image, frames, height, width, device)
         out = Path(args.out)
         fps = gen.get("fps") or 8.0
         if rank == 0:
@@ -306,7 +323,7 @@ def _run(args) -> int:
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
             extra = None
-            if args.image and not cosmos:
+            if args.image and not cosmos and not hunyuan:
                 from nemo_vfm.inference.wan import image_conditions
 
                 extra = image_conditions(info, engine.tokenizer, args.image, len(batch), frames, height, width, device)
@@ -315,6 +332,9 @@ def _run(args) -> int:
 
                 videos, times = generate_wan22(engine, batch, (channels, *thw), cfg, extra, low=low,
                                                guidance_2=args.guidance_2, progress=True)
+            elif hunyuan:
+                videos, times = generate_hunyuan(engine, batch, (channels, *thw), cfg, glyph,
+                                                 first_image if args.image else None, progress=True)
             elif first is not None:
                 videos, times = _cosmos_video2world(engine, batch, (channels, *thw), cfg, first,
                                                      gen.get("fps"))

@@ -8,6 +8,7 @@ Three kinds of checkpoint, all usable under any generation layout (one GPU, CP, 
 | ``dcp`` | a sharded ``step=N.ckpt/`` folder (DCP, ``.metadata`` + ``meta.pt``) | ``VFMParallelStrategy`` |
 | ``safetensors`` | one consolidated ``.safetensors`` file with the config in its header | :func:`export_safetensors` |
 | ``wan`` | a published Wan 2.1 folder (diffusers / original layout, or a pipeline folder) | ``nemo_vfm.inference.wan`` |
+| ``hunyuan`` | a published HunyuanVideo 1.5 folder (T2V and I2V pipeline folders sample) | ``nemo_vfm.inference.hunyuan`` |
 
 :func:`read_checkpoint_info` reads the model config, objective and generation settings (cheap for
 ``dcp`` and ``safetensors``); :func:`load_weights` fills a network that may already be parallelised
@@ -97,9 +98,9 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
     from nemo_vfm.models.hunyuan.convert import is_hunyuan_folder
 
     if Path(path).is_dir() and is_hunyuan_folder(path):
-        raise NotImplementedError(f"{path} is a HunyuanVideo 1.5 folder: sampling from it is not implemented yet (no "
-                                  "Qwen2.5-VL / ByT5 text encoders here); fine-tune from it with model.pretrained, or "
-                                  "sample with hunyuan_objective(flavor).sample from Python")
+        from nemo_vfm.inference.hunyuan import hunyuan_checkpoint_info
+
+        return hunyuan_checkpoint_info(path)
     path = resolve_checkpoint(path, allow_pickle)
     if path.is_dir():
         meta = path / "meta.pt"
@@ -180,6 +181,8 @@ def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torc
         from nemo_vfm.models.cosmos.convert import load_pretrained as load_cosmos
 
         return dict(load_cosmos(info.path, config=info.model_config).state_dict())
+    if info.kind == "hunyuan":
+        return dict(dataclasses.replace(info.model_config, pretrained=str(info.path)).build().state_dict())
     import torch.distributed.checkpoint as dcp
 
     md = _dcp_metadata(info)
@@ -274,6 +277,11 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
         from nemo_vfm.models.cosmos.weights import load_weights as load_cosmos
 
         load_cosmos(net, info.path)
+        return
+    if info.kind == "hunyuan":
+        from nemo_vfm.models.hunyuan.weights import load_weights as load_hunyuan
+
+        load_hunyuan(net, info.path)
         return
     from nemo_vfm.models.common.fp8_weights import fill_quantized_from, quantized_bases
 

@@ -11,6 +11,8 @@ pipeline attends to all ``max_length`` positions, padding included, so ``mask`` 
 folder or a pipeline folder with ``text_encoder/``; the tokenizer comes from ``tokenizer_path``, ``path`` or
 ``path/tokenizer``. Nothing is downloaded. At 512 x 100,352 values per caption, prepared text states are large
 (~100 MB per caption in bf16).
+
+``template="hunyuanvideo1_5"`` builds :class:`HunyuanQwenTextEncoder`, HunyuanVideo 1.5's use of the same model.
 """
 
 from __future__ import annotations
@@ -71,8 +73,77 @@ class QwenVLTextEncoder(TextEncoder):
         return emb, torch.ones(emb.shape[:2], dtype=torch.bool, device=emb.device)
 
 
-def build(path: str, max_length: int = 512, tokenizer_path: str | None = None, device: str = "cpu",
-          dtype: str | None = None) -> QwenVLTextEncoder:
-    """Qwen2.5-VL text encoder (Cosmos-Predict2.5) from a local folder (the model's or a pipeline's with
-    ``text_encoder/`` and ``tokenizer/``)."""
-    return QwenVLTextEncoder(path, max_length=max_length, tokenizer_path=tokenizer_path, device=device, dtype=dtype)
+class HunyuanQwenTextEncoder(TextEncoder):
+    """HunyuanVideo 1.5's text states, as diffusers' ``HunyuanVideo15Pipeline._get_mllm_prompt_embeds``: each caption
+    (empty: ``" "``) as the user turn after :data:`HUNYUAN_SYSTEM_PROMPT` in the chat template with the generation
+    prompt, tokenized to ``max_length + crop_start`` tokens (right-padded, truncated), the hidden states of the
+    third-to-last layer ``(B, max_length, 3584)`` after dropping the first ``crop_start`` (the template's) tokens;
+    ``mask`` marks the real tokens. The model class is the one ``model_index.json`` names for ``text_encoder``
+    (diffusers: ``Qwen2_5_VLTextModel``)."""
+
+    def __init__(self, path: str | Path, max_length: int = 1000, crop_start: int = 108,
+                 tokenizer_path: str | Path | None = None, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype | None = None):
+        if max_length < 1 or crop_start < 0:
+            raise ValueError(f"HunyuanQwenTextEncoder needs max_length >= 1 and crop_start >= 0, got {max_length}, "
+                             f"{crop_start}")
+        import json
+
+        import transformers
+
+        directory, subfolder = resolve_local_dir(path, "text_encoder", "HunyuanVideo 1.5 Qwen2.5-VL text encoder")
+        index = Path(directory) / "model_index.json"
+        name = json.loads(index.read_text()).get("text_encoder", [None, None])[1] if index.is_file() else None
+        cls = getattr(transformers, name or "Qwen2_5_VLTextModel")
+        extra = {"subfolder": subfolder} if subfolder else {}
+        self.model = cls.from_pretrained(str(directory), local_files_only=True,
+                                         dtype=parse_dtype(dtype) or torch.float32, **extra)
+        self.model = self.model.to(device).eval().requires_grad_(False)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(T5TextEncoder._tokenizer_dir(Path(path), tokenizer_path)), local_files_only=True)
+        self.max_length, self.crop_start = max_length, crop_start
+        self.dim = int(getattr(self.model.config, "text_config", self.model.config).hidden_size)
+        self._cache_key = (f"hunyuan_qwen2_5_vl:{Path(path).expanduser().resolve()}:{max_length}:{crop_start}:"
+                           f"{self.model.dtype}")
+
+    @property
+    def cache_key(self) -> str:
+        return self._cache_key
+
+    @torch.no_grad()
+    def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(captions, str):
+            raise TypeError("HunyuanQwenTextEncoder.encode takes a list of captions, got a single string")
+        chats = [[{"role": "system", "content": HUNYUAN_SYSTEM_PROMPT}, {"role": "user", "content": c or " "}]
+                 for c in captions]
+        t = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                               padding="max_length", max_length=self.max_length + self.crop_start,
+                                               truncation=True, return_tensors="pt")
+        device = next(self.model.parameters()).device
+        ids, mask = t["input_ids"].to(device), t["attention_mask"].to(device)
+        emb = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-3]
+        return emb[:, self.crop_start:].float().contiguous(), mask[:, self.crop_start:].bool().contiguous()
+
+
+# diffusers' HunyuanVideo15Pipeline.system_message (its line continuations keep eight spaces before each item)
+HUNYUAN_SYSTEM_PROMPT = "You are a helpful assistant. Describe the video by detailing the following aspects:" + "".join(
+    " " * 9 + item for item in (
+        "1. The main content and theme of the video.",
+        "2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects.",
+        "3. Actions, events, behaviors temporal relationships, physical movement changes of the objects.",
+        "4. background environment, light, style and atmosphere.",
+        "5. camera angles, movements, and transitions used in the video."))
+
+
+def build(path: str, max_length: int | None = None, tokenizer_path: str | None = None, device: str = "cpu",
+          dtype: str | None = None, template: str = "cosmos", crop_start: int = 108) -> TextEncoder:
+    """Qwen2.5-VL text encoder from a local folder (the model's or a pipeline's with ``text_encoder/`` and
+    ``tokenizer/``): ``template="cosmos"`` (Cosmos-Predict2.5, ``max_length`` 512) or ``"hunyuanvideo1_5"``
+    (HunyuanVideo 1.5, ``max_length`` 1000 after cropping ``crop_start`` template tokens)."""
+    if template == "hunyuanvideo1_5":
+        return HunyuanQwenTextEncoder(path, max_length=max_length or 1000, crop_start=crop_start,
+                                      tokenizer_path=tokenizer_path, device=device, dtype=dtype)
+    if template != "cosmos":
+        raise ValueError(f"qwen2_5_vl template must be 'cosmos' or 'hunyuanvideo1_5', got {template!r}")
+    return QwenVLTextEncoder(path, max_length=max_length or 512, tokenizer_path=tokenizer_path, device=device,
+                             dtype=dtype)
