@@ -246,6 +246,7 @@ def lora_wan2_2_i2v_a14b() -> run.Partial:
     """LoRA (rank 32) on one expert of Wan2.2-I2V-A14B (boundary 0.9; ``model.expert`` / ``objective.expert`` as in
     ``lora_wan2_2_t2v_a14b``): the batches carry ``cond_latents`` (4 mask + 16 image-latent channels, as
     ``WanImageToVideoPipeline`` builds them; no CLIP tokens). Frozen bf16 base, FSDP2; GPU speed not yet measured.
+    ``data.path``: a dataset prepared with ``vfm prepare ... image_condition=wan_i2v`` (the first-frame latents).
     CLI: ``python launchers/train.py --factory lora_wan2_2_i2v_a14b --yes model.pretrained=DIR data.path=PREPARED``
     Python: ``recipe = finetune.with_expert(finetune.lora_wan2_2_i2v_a14b(), "low")``
     """

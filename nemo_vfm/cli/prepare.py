@@ -7,6 +7,9 @@
 Arguments are ``key=value``; ``tokenizer.X=V`` / ``text_encoder.X=V`` pass constructor arguments to the
 named tokenizer / text encoder. Values are parsed as JSON when they can be (``8``, ``true``, ``[1,2,2]``).
 Re-running with the same output resumes; failed inputs are listed in ``OUTPUT/.prepare/report.json``.
+``image_condition=wan_i2v`` also stores each clip's first-frame latents for Wan image-to-video fine-tuning
+(``lora_wan2_2_i2v_a14b``): ``vfm prepare input=clips/ output=data/wan_i2v tokenizer=wan tokenizer.path=WAN_DIR
+text_encoder=umt5 text_encoder.path=WAN_DIR image_condition=wan_i2v``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="input=DIR output=DIR tokenizer=NAME text_encoder=NAME samples_per_shard=N max_frames=N "
                              "height=H width=W patch_multiple=[1,2,2] latent_dtype=float16 allow_missing_caption=true "
-                             "device=cuda index=true progress=true; tokenizer.K=V and text_encoder.K=V for their kwargs")
+                             "image_condition=wan_i2v device=cuda index=true progress=true; tokenizer.K=V and "
+                             "text_encoder.K=V for their kwargs")
 
 
 def _value(text: str):
@@ -46,7 +50,7 @@ def parse(pairs: list[str]):
         if dot and head in ("tokenizer", "text_encoder"):
             kw[f"{head}_kwargs"][sub] = _value(val)
         elif key in fields:
-            kw[key] = val if key in ("input", "output", "tokenizer", "text_encoder") else _value(val)
+            kw[key] = val if key in ("input", "output", "tokenizer", "text_encoder", "image_condition") else _value(val)
         else:
             raise ValueError(f"unknown argument {key!r}; choose from {', '.join(sorted(fields))}")
     for need in ("input", "output"):
@@ -68,7 +72,7 @@ def run(args) -> int:
         return 2
     try:
         res = prepare(cfg)
-    except RunLockedError as e:  # another vfm prepare writes this output: nothing was done
+    except (RunLockedError, ValueError) as e:  # another vfm prepare writes this output, or it was prepared otherwise
         print(f"vfm prepare: error: {e}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError) as e:  # a full disk, a failed write, energon indexing: finished shards are kept

@@ -2,7 +2,12 @@
 
 Legend: S tokens of one sample (t*h*w patches), P patch features ``pt*ph*pw*C``
 (channel innermost, the order of ``PatchEmbed3D.patchify``), L text tokens, D text width, N packed tokens, M packed
-text tokens, G segments (samples) in a pack, B batch.
+text tokens, G segments (samples) in a pack, B batch, F pixel frames, tc the tokenizer's temporal compression.
+
+Image-to-video conditioning (Wan I2V, :func:`wan_i2v_cond_latents`): ``cond_latents (tc + C, t, h, w)``, a
+``tc``-channel mask (1 on the first latent frame) stacked on the latents of the first frame followed by black frames, as
+diffusers' ``WanImageToVideoPipeline.prepare_latents`` builds them. ``vfm prepare image_condition=wan_i2v`` stores the
+image latents; the loader adds the mask (:func:`wan_i2v_mask`); ``vfm generate --image`` builds both here too.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ class VideoBatch(_ToDevice):
     fps: torch.Tensor  # (B,)
     sample_keys: list[str]
     meta: list[dict]
+    cond_latents: torch.Tensor | None = None  # (B, tc + C, t, h, w): Wan I2V mask + image latents, if prepared
 
     def __len__(self) -> int:
         return self.latents.shape[0]
@@ -133,3 +139,34 @@ def unpatchify(tokens: torch.Tensor, latent_shape, patch_size: tuple[int, int, i
     n = (t // pt) * (h // ph) * (w // pw)
     return rearrange(tokens[:n], "(t h w) (p q r c) -> c (t p) (h q) (w r)", t=t // pt, h=h // ph, w=w // pw,
                      p=pt, q=ph, r=pw, c=c)
+
+
+def wan_i2v_mask(num_frames: int, latent_t: int, h: int, w: int, temporal_compression: int,
+                 device=None) -> torch.Tensor:
+    """The first-frame mask ``(tc, t, h, w)`` of Wan I2V: 1 on pixel frame 0 (repeated ``tc`` times), 0 elsewhere,
+    folded into latent frames as ``WanImageToVideoPipeline.prepare_latents`` does."""
+    tc = temporal_compression
+    if num_frames != 1 + tc * (latent_t - 1):
+        raise ValueError(f"{num_frames} pixel frames do not make {latent_t} latent frames with temporal compression "
+                         f"{tc}; Wan I2V needs 1 + {tc}*k frames")
+    mask = torch.zeros(1, num_frames, h, w, device=device)  # (1, F, h, w)
+    mask[:, 0] = 1
+    mask = torch.cat([mask[:, :1].repeat_interleave(tc, dim=1), mask[:, 1:]], dim=1)  # (1, tc*t, h, w)
+    return mask.view(latent_t, tc, h, w).transpose(0, 1)  # (tc, t, h, w)
+
+
+@torch.no_grad()
+def wan_i2v_image_latents(tokenizer, image_3HW: torch.Tensor, num_frames: int, device=None) -> torch.Tensor:
+    """Normalised latents ``(C, t, h, w)`` of ``image`` (in [-1, 1]) followed by ``num_frames - 1`` black frames."""
+    _, height, width = image_3HW.shape
+    video = torch.zeros(1, 3, num_frames, height, width, device=device)
+    video[0, :, 0] = image_3HW.to(device=video.device, dtype=video.dtype)
+    return tokenizer.encode(video).float()[0]
+
+
+def wan_i2v_cond_latents(tokenizer, image_3HW: torch.Tensor, num_frames: int, device=None) -> torch.Tensor:
+    """``cond_latents (tc + C, t, h, w)`` for a ``num_frames`` video starting from ``image_3HW`` (in [-1, 1])."""
+    latents = wan_i2v_image_latents(tokenizer, image_3HW, num_frames, device)
+    t, h, w = latents.shape[1:]
+    mask = wan_i2v_mask(num_frames, t, h, w, tokenizer.temporal_compression, latents.device)
+    return torch.cat([mask, latents], dim=0)

@@ -6,7 +6,8 @@
   batches); ``load_state_dict()`` restores it, and the resumed run sees exactly the samples the
   uninterrupted run would have seen.
 * With ``max_seq_length`` set, batches are packed THD :class:`~nemo_vfm.data.batch.PackedBatch`;
-  without, bucketed :class:`~nemo_vfm.data.batch.VideoBatch`.
+  without, bucketed :class:`~nemo_vfm.data.batch.VideoBatch` (with ``cond_latents`` when the data was prepared
+  with ``image_condition=wan_i2v``). ``setup()`` checks that a Wan image-to-video model gets such data.
 """
 
 import json
@@ -176,6 +177,19 @@ class EnergonDataModule(pl.LightningDataModule):
         self.tokenizer_spec = spec.get("tokenizer", {"name": self._peek[0].get("tokenizer"), "kwargs": {}})
         self.text_encoder_spec = spec.get("text_encoder", {"name": self._peek[0].get("text_encoder"), "kwargs": {}})
         self._encoders = None
+        if self.image_condition is not None and max_seq_length is not None:
+            raise ValueError(f"{path} was prepared with image_condition={self.image_condition}, which packed "
+                             "batches do not carry; set max_seq_length=None (bucketed batches)")
+
+    @property
+    def image_condition(self) -> str | None:
+        """``"wan_i2v"`` when batches carry ``cond_latents`` (``vfm prepare image_condition=wan_i2v``), else None."""
+        return self._peek[0].get("image_condition")
+
+    def setup(self, stage: str | None = None) -> None:
+        """Before the model is built: the trainer's model must take the image conditioning this data has, or lacks."""
+        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        check_image_condition(getattr(module, "model_config", None), self.image_condition, self.path)
 
     # ---- what train() reads (nemo_vfm.data.protocol.VideoDataModule) ------------------------------------
     missing_class_samples = 0  # no DreamBooth class samples
@@ -323,6 +337,29 @@ class EnergonDataModule(pl.LightningDataModule):
 
         r, w, _ = dp_rank_world(self._mesh(), self.dp_dims)
         return r, w
+
+
+def check_image_condition(model_config, image_condition: str | None, path: str) -> None:
+    """Raise when a Wan 2.2 I2V model (``cond_latents`` only) meets data without them, or when data with Wan I2V
+    ``cond_latents`` meets a model that does not take them. Wan 2.1 I2V (CLIP ``image_embeds`` too) is not checked
+    here: ``vfm prepare`` does not store CLIP image tokens, and its model asks for them at the first step."""
+    if model_config is None:
+        return
+    from nemo_vfm.models.wan.model import WanConfig
+
+    is_wan = isinstance(model_config, WanConfig)
+    if is_wan and model_config.is_i2v:
+        return
+    takes_cond = is_wan and model_config.cond_channels > 0
+    if takes_cond and image_condition is None:
+        raise ValueError(f"the model is Wan image-to-video (model.in_channels={model_config.in_channels}: latents + "
+                         f"{model_config.cond_channels} cond_latents channels) but {path} was prepared without image "
+                         "conditioning; prepare the clips again with `vfm prepare ... image_condition=wan_i2v` (same "
+                         "tokenizer and text encoder) and point data.path at that output")
+    if image_condition is not None and not takes_cond:
+        raise ValueError(f"{path} was prepared with image_condition={image_condition} (batches carry Wan I2V "
+                         f"cond_latents) but the model ({type(model_config).__name__}) takes no cond_latents; train a "
+                         "Wan image-to-video model (e.g. lora_wan2_2_i2v_a14b) or prepare without image_condition")
 
 
 def _loads_state(data: bytes):

@@ -10,6 +10,10 @@ rerun retries it once its files changed. Two inputs whose keys collide (``my cli
 get ``-<8 hex of sha1(source)>``. An output folder inside the input folder is not read as input. A
 write error (e.g. a full disk) stops the run with a message naming the file; finished shards and
 manifest lines stay, and the same command resumes.
+
+``image_condition=wan_i2v`` (Wan image-to-video, e.g. Wan 2.2 I2V-A14B) also VAE-encodes each clip's first frame
+followed by black frames, at the clip's size, into an ``image_latent.npy`` part; the loader stacks the first-frame
+mask on it as ``cond_latents`` (:mod:`nemo_vfm.data.batch`). Images and one-latent-frame clips are skipped then.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nemo_vfm.data.schema import LATENT_DTYPES, SampleMeta, encode_sample
+from nemo_vfm.data.batch import wan_i2v_image_latents, wan_i2v_mask
+from nemo_vfm.data.schema import IMAGE_CONDITIONS, LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
 from nemo_vfm.data.sources import InputItem, iter_inputs
 from nemo_vfm.io.jsonl import write_atomic
@@ -51,6 +56,7 @@ class PrepareConfig:
     patch_multiple: tuple[int, int, int] = (1, 2, 2)
     latent_dtype: str = "float16"
     allow_missing_caption: bool = False
+    image_condition: str | None = None  # "wan_i2v": also store the first frame's latents (Wan I2V cond_latents)
     device: str = "cpu"
     index: bool = True
     progress: bool = True
@@ -69,6 +75,9 @@ class PrepareConfig:
         if not isinstance(self.patch_multiple, (list, tuple)) or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in self.patch_multiple):
             raise ValueError(f"PrepareConfig.patch_multiple must be 3 positive ints (t, h, w), got {self.patch_multiple!r}")
+        if self.image_condition is not None and self.image_condition not in IMAGE_CONDITIONS:
+            raise ValueError(f"PrepareConfig.image_condition must be one of {IMAGE_CONDITIONS} or None, "
+                             f"got {self.image_condition!r}")
         if self.latent_dtype not in LATENT_DTYPES:
             raise ValueError(f"PrepareConfig.latent_dtype must be one of {LATENT_DTYPES}, got {self.latent_dtype!r}")
         if self.samples_per_shard < 1:
@@ -154,6 +163,9 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
         raise ValueError(item.error)
     if item.caption is None and not cfg.allow_missing_caption:
         raise ValueError("no caption (add a .txt or .json sidecar, or pass allow_missing_caption=true)")
+    if item.is_image and cfg.image_condition:
+        raise ValueError(f"an image cannot be conditioned on its own first frame "
+                         f"(image_condition={cfg.image_condition})")
     frames, fps = item.load()
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < 1:
         raise ValueError(f"decoded frames have shape {frames.shape}, expected [T, H, W, 3]")
@@ -170,6 +182,7 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
         latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
     if not torch.isfinite(latent).all():
         raise ValueError("tokenizer produced non-finite latents")
+    image = _image_latents(cfg, tokenizer, video, latent) if cfg.image_condition else None
     emb, mask = text_encoder.encode([item.caption or ""])
     emb, mask = emb[0].float().cpu(), mask[0].cpu()
     start = item.clip_span[0] if item.clip_span else 0.0
@@ -177,9 +190,34 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
     meta = SampleMeta(caption=item.caption or "", source=item.source, fps=float(fps), num_frames=n,
                       height=int(video.shape[2]), width=int(video.shape[3]), clip_span=span,
                       latent_shape=tuple(int(v) for v in latent.shape), is_image=item.is_image,
-                      tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra)
-    parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype)
+                      tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra,
+                      image_condition=cfg.image_condition)
+    parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype,
+                          image_latent=None if image is None else image.numpy())
     return parts, meta
+
+
+def _image_latents(cfg: PrepareConfig, tokenizer, video: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+    """Wan I2V: latents ``(C, t, h, w)`` of the clip's first frame followed by black frames (``video (3, F, H, W)``)."""
+    _, t, h, w = latent.shape
+    if t < 2:
+        raise ValueError(f"{video.shape[1]} frames make one latent frame; image_condition={cfg.image_condition} "
+                         "needs clips of at least two latent frames (raise max_frames or use longer clips)")
+    wan_i2v_mask(video.shape[1], t, h, w, tokenizer.temporal_compression)  # raises if the frames do not fold
+    image = wan_i2v_image_latents(tokenizer, video[:, 0], video.shape[1], cfg.device).cpu()
+    if image.shape != latent.shape or not torch.isfinite(image).all():
+        raise ValueError(f"first-frame latents {tuple(image.shape)} do not match the clip's {tuple(latent.shape)} "
+                         "or are not finite")
+    return image
+
+
+def _check_same_image_condition(out: Path, image_condition: str | None) -> None:
+    """A resumed output keeps the ``image_condition`` its finished shards were written with."""
+    old_file = out / STATE_DIR / "config.json"
+    old = json.loads(old_file.read_text()).get("image_condition") if old_file.is_file() else None
+    if old != image_condition and any(out.glob("*.tar")):
+        raise ValueError(f"output {out} was prepared with image_condition={old}; resume it with the same setting or "
+                         f"give another output= for image_condition={image_condition}")
 
 
 def unique_key(key: str, source: str, seen) -> str:
@@ -212,6 +250,7 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
     out = Path(cfg.output)
     tokenizer = build_tokenizer(cfg.tokenizer, **cfg.tokenizer_kwargs).to(cfg.device).eval()  # a bad name: no folder
     text_encoder = build_text_encoder(cfg.text_encoder, **cfg.text_encoder_kwargs)
+    _check_same_image_condition(out, cfg.image_condition)
     # two runs on one output would write the same rank's shards: one at a time (ranks of one run differ)
     lock = acquire(out / STATE_DIR / f"rank{rank}.lock", f"output {out}",
                    "wait for that vfm prepare to finish (the same command then resumes), or give another output=")
@@ -228,7 +267,8 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
         (out / STATE_DIR).mkdir(parents=True, exist_ok=True)
         spec = {"tokenizer": {"name": cfg.tokenizer, "kwargs": cfg.tokenizer_kwargs},
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
-                "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype}
+                "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype,
+                "image_condition": cfg.image_condition}
         write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)

@@ -9,6 +9,10 @@ the same table for users.
 | ``text_emb.npy``| text-encoder output ``(L, D)``, float16 or float32, padded to L      |
 | ``text_mask.npy``| ``(L,)`` bool, True where ``text_emb`` holds a real token            |
 | ``json``        | :class:`SampleMeta` as a json object                                 |
+| ``image_latent.npy`` | optional: latents ``(C, t, h, w)`` of the first frame + black frames   |
+
+``image_latent.npy`` is written by ``vfm prepare image_condition=wan_i2v`` (then ``meta.image_condition`` is
+``"wan_i2v"``), in the dtype of ``latent.npy``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ LATENT = "latent.npy"
 TEXT_EMB = "text_emb.npy"
 TEXT_MASK = "text_mask.npy"
 META = "json"
-PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)
+IMAGE_LATENT = "image_latent.npy"
+PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)  # required; IMAGE_LATENT is optional
+IMAGE_CONDITIONS = ("wan_i2v",)
 SCHEMA_VERSION = 1
 LATENT_DTYPES = ("float16", "float32")
 
@@ -45,6 +51,7 @@ class SampleMeta:
     text_encoder: str
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)  # anything else the input carried (e.g. curation scores)
+    image_condition: str | None = None  # "wan_i2v": the sample has an IMAGE_LATENT part
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -66,32 +73,45 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarray, meta: SampleMeta,
-                  latent_dtype: str = "float16") -> dict[str, bytes]:
-    """Arrays + metadata -> ``{part: bytes}`` ready for a tar shard."""
+                  latent_dtype: str = "float16", image_latent: np.ndarray | None = None) -> dict[str, bytes]:
+    """Arrays + metadata -> ``{part: bytes}`` ready for a tar shard (``image_latent``: same shape as ``latent``)."""
+    if (image_latent is None) != (meta.image_condition is None):
+        raise ValueError(f"image_latent must be given exactly when meta.image_condition is set "
+                         f"(got image_condition={meta.image_condition!r})")
+    if image_latent is not None and image_latent.shape != latent.shape:
+        raise ValueError(f"image_latent must have the latent's shape {latent.shape}, got {image_latent.shape}")
     if latent_dtype not in LATENT_DTYPES:
         raise ValueError(f"latent_dtype must be one of {LATENT_DTYPES}, got {latent_dtype!r}")
     if latent.ndim != 4:
         raise ValueError(f"latent must be (C, t, h, w), got shape {latent.shape}")
     if text_emb.ndim != 2 or text_mask.shape != text_emb.shape[:1]:
         raise ValueError(f"text_emb must be (L, D) with text_mask (L,), got {text_emb.shape} and {text_mask.shape}")
-    return {
+    parts = {
         LATENT: npy_bytes(latent.astype(latent_dtype)),
         TEXT_EMB: npy_bytes(text_emb.astype(latent_dtype)),
         TEXT_MASK: npy_bytes(text_mask.astype(bool)),
         META: meta.to_json(),
     }
+    if image_latent is not None:
+        parts[IMAGE_LATENT] = npy_bytes(image_latent.astype(latent_dtype))
+    return parts
 
 
 def decode_parts(raw: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Decoded or raw parts (as Energon or a plain tar reader gives them) -> arrays and the meta dict."""
-
-    def arr(v):
-        return np.load(io.BytesIO(v), allow_pickle=False) if isinstance(v, (bytes, bytearray)) else np.asarray(v)
-
     missing = [p for p in PARTS if p not in raw]
     if missing:
         raise KeyError(f"sample {raw.get('__key__', '?')} lacks parts {missing}; was it written by `vfm prepare`?")
     meta = raw[META]
     if isinstance(meta, (bytes, bytearray, str)):
         meta = json.loads(meta)
-    return arr(raw[LATENT]), arr(raw[TEXT_EMB]), arr(raw[TEXT_MASK]), meta
+    return _array(raw[LATENT]), _array(raw[TEXT_EMB]), _array(raw[TEXT_MASK]), meta
+
+
+def decode_image_latent(raw: dict) -> np.ndarray | None:
+    """The optional ``image_latent.npy`` part ``(C, t, h, w)`` of a sample, or ``None``."""
+    return _array(raw[IMAGE_LATENT]) if raw.get(IMAGE_LATENT) is not None else None
+
+
+def _array(v) -> np.ndarray:
+    return np.load(io.BytesIO(v), allow_pickle=False) if isinstance(v, (bytes, bytearray)) else np.asarray(v)

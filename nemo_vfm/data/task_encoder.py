@@ -7,7 +7,8 @@ Then either
   (:meth:`VideoTaskEncoder.select_samples_to_pack`), each bin becomes a THD :class:`PackedBatch`,
   and a micro-batch of bins is concatenated into one; or
 * buckets: samples are grouped by latent shape (resolution and length) and stacked into a
-  :class:`VideoBatch`.
+  :class:`VideoBatch`; a dataset prepared with ``image_condition=wan_i2v`` adds ``cond_latents`` (mask + image
+  latents, :func:`~nemo_vfm.data.batch.wan_i2v_mask`). Packing does not carry image conditions.
 
 Legend: C latent channels, t/h/w latent sizes, L text tokens, D text width.
 """
@@ -21,9 +22,9 @@ import torch
 from megatron.energon import Cooker, DefaultTaskEncoder, Sample, SkipSample, stateless
 from megatron.energon.edataclass import edataclass
 
-from nemo_vfm.data.batch import PackedBatch, TokenSample, VideoBatch, patchify
+from nemo_vfm.data.batch import PackedBatch, TokenSample, VideoBatch, patchify, wan_i2v_mask
 from nemo_vfm.data.packing import concat_packs, first_fit_decreasing, pack_samples, padded_length
-from nemo_vfm.data.schema import decode_parts
+from nemo_vfm.data.schema import IMAGE_LATENT, decode_image_latent, decode_parts
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,35 @@ class ClipSample(Sample):
     text_mask: torch.Tensor  # (L,) bool
     fps: float
     meta: dict
+    cond_latents: torch.Tensor | None = None  # (tc + C, t, h, w) with image_condition=wan_i2v, else None
+
+
+def image_cond_latents(raw: dict, meta: dict) -> torch.Tensor | None:
+    """``cond_latents (tc + C, t, h, w)`` of a sample prepared with ``image_condition=wan_i2v`` (the stored image
+    latents behind the first-frame mask), else ``None``."""
+    kind = meta.get("image_condition")
+    if kind is None:
+        return None
+    if kind != "wan_i2v":
+        raise ValueError(f"sample {raw.get('__key__', '?')} has image_condition={kind!r}, which this loader does not "
+                         "know (known: 'wan_i2v'); prepare it with this version of vfm prepare")
+    image = decode_image_latent(raw)
+    if image is None:
+        raise KeyError(f"sample {raw.get('__key__', '?')} says image_condition={kind!r} but has no {IMAGE_LATENT} "
+                       "part; re-run vfm prepare")
+    _, t, h, w = image.shape
+    frames = int(meta["num_frames"])
+    if t < 2:
+        raise ValueError(f"sample {raw.get('__key__', '?')} has one latent frame; image_condition=wan_i2v needs clips")
+    mask = wan_i2v_mask(frames, t, h, w, (frames - 1) // (t - 1))
+    return torch.cat([mask, torch.from_numpy(image).float()], dim=0)
 
 
 @stateless
 def cook_clip(raw: dict) -> ClipSample:
     """Crude webdataset sample (parts decoded by energon) -> :class:`ClipSample`."""
     latent, emb, mask, meta = decode_parts(raw)
+    cond = image_cond_latents(raw, meta)
     sources = raw.get("__sources__") or ()
     if sources:  # which prepared folder (of a blend) the sample came from
         meta = {**meta, "dataset": str(sources[0].dataset_path)}
@@ -50,7 +74,7 @@ def cook_clip(raw: dict) -> ClipSample:
         __key__=raw["__key__"], __restore_key__=raw["__restore_key__"], __subflavors__=raw.get("__subflavors__"),
         __sources__=raw.get("__sources__"), latent=torch.from_numpy(latent).float(),
         text_emb=torch.from_numpy(emb).float(), text_mask=torch.from_numpy(mask).bool(),
-        fps=float(meta.get("fps", 0.0)), meta=meta,
+        fps=float(meta.get("fps", 0.0)), meta=meta, cond_latents=cond,
     )
 
 
@@ -95,6 +119,9 @@ class VideoTaskEncoder(DefaultTaskEncoder):
         return padded_length(math.prod((t // pt, h // ph, w // pw)), self.pad_to_multiple)
 
     def to_tokens(self, sample: ClipSample) -> TokenSample:
+        if sample.cond_latents is not None:
+            raise NotImplementedError(f"sample {sample.__key__} carries image conditioning (image_condition=wan_i2v), "
+                                      "which packed batches do not carry; set data.max_seq_length=None (buckets)")
         tokens, pos = patchify(sample.latent, self.patch_size)
         return TokenSample(key=sample.__key__, tokens=tokens, pos_ids=pos, loss_mask=torch.ones(tokens.shape[0]),
                            text=real_text(sample.text_emb, sample.text_mask),
@@ -144,6 +171,12 @@ def stack_bucket(samples: list[ClipSample]) -> VideoBatch:
     mask[:, 0] |= ~mask.any(dim=1)  # an empty caption keeps one (zero) token so attention has a key
     n = int(mask.sum(1).max())
     text = torch.stack([torch.where(s.text_mask[:, None], s.text_emb, 0.0) for s in samples])[:, :n]
+    has_cond = [s.cond_latents is not None for s in samples]
+    if any(has_cond) and not all(has_cond):
+        raise ValueError(f"a batch mixes samples with image conditioning ({samples[has_cond.index(True)].__key__}) and "
+                         f"without ({samples[has_cond.index(False)].__key__}); prepare every dataset of the blend with "
+                         "the same vfm prepare image_condition=")
+    cond = torch.stack([s.cond_latents for s in samples]) if all(has_cond) else None
     return VideoBatch(latents=torch.stack([s.latent for s in samples]), context=text, context_mask=mask[:, :n],
                       fps=torch.tensor([s.fps for s in samples]), sample_keys=[s.__key__ for s in samples],
-                      meta=[s.meta for s in samples])
+                      meta=[s.meta for s in samples], cond_latents=cond)

@@ -15,7 +15,8 @@ pipeline's ``scheduler/`` config when it has one (else the flavor's).
 Image-to-video (:func:`image_conditions`): the CLIP ViT-H penultimate hidden states of the image
 (``image_embeds (N, 257, 1280)``) and ``cond_latents (N, 20, t, h, w)``: a 4-channel mask (1 on the first
 latent frame) stacked on the VAE latents of the image followed by black frames, as diffusers'
-``WanImageToVideoPipeline`` builds them (Wan 2.2 I2V-A14B: the same ``cond_latents``, no CLIP tokens).
+``WanImageToVideoPipeline`` builds them (Wan 2.2 I2V-A14B: the same ``cond_latents``, no CLIP tokens), with
+:func:`nemo_vfm.data.batch.wan_i2v_cond_latents`, the builder of the training batches' ``cond_latents``.
 
 Wan 2.2 (:func:`generate_wan22`): TI2V-5B conditions on an optional image by a clean first latent frame
 (``first_frame``, :mod:`nemo_vfm.diffusion.first_frame`); an A14B folder holds two experts, sampled as diffusers'
@@ -166,20 +167,13 @@ def image_conditions(info, tokenizer, image: str | Path, num: int, frames: int, 
     if isinstance(info.objective, FirstFrameFlowMatching):
         first = tokenizer.encode(img[None, :, None].to(device)).float()  # (1, C, 1, h, w)
         return {FIRST_FRAME_KEY: first.expand(num, -1, -1, -1, -1)}
+    from nemo_vfm.data.batch import wan_i2v_cond_latents
+
     embeds = clip_image_embeds(info.generation["image_encoder"], img, device) if cfg.is_i2v else None
-    video = torch.zeros(1, 3, frames, height, width)
-    video[:, :, 0] = img
-    latents = tokenizer.encode(video.to(device)).float()  # (1, 16, t, h, w), normalized
-    t, h, w = latents.shape[2:]
-    tc = tokenizer.temporal_compression
-    mask = torch.zeros(1, 1, frames, h, w, device=latents.device)
-    mask[:, :, 0] = 1
-    mask = torch.cat([mask[:, :, :1].repeat_interleave(tc, dim=2), mask[:, :, 1:]], dim=2)  # (1, 1, tc*t, h, w)
-    mask = mask.view(1, t, tc, h, w).transpose(1, 2)  # (1, tc, t, h, w)
-    cond = torch.cat([mask, latents], dim=1)
-    out = {"cond_latents": cond.expand(num, -1, -1, -1, -1)}
+    cond = wan_i2v_cond_latents(tokenizer, img, frames, device)  # (4 + 16, t, h, w): what training data carries
+    out = {"cond_latents": cond[None].expand(num, -1, -1, -1, -1)}
     if embeds is not None:
-        out["image_embeds"] = embeds.to(latents.device).expand(num, -1, -1)
+        out["image_embeds"] = embeds.to(cond.device).expand(num, -1, -1)
     return out
 
 
