@@ -50,6 +50,8 @@ class TrainerConfig:
     # GiB per GPU: set the memory knobs left at their defaults to the fastest estimate that fits
     # (nemo_vfm.lightning.memory_budget; docs/finetuning.md "Memory budget"); None: leave them as they are
     memory_budget_gb: float | None = None
+    # memory knobs the budget keeps as set (e.g. ("activation_checkpointing",)); the others are chosen
+    memory_budget_keep: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
@@ -198,7 +200,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         from nemo_vfm.lightning.memory_budget import apply_memory_budget
 
         apply_memory_budget(trainer_cfg.memory_budget_gb, model=model, data=data, trainer=trainer_cfg, optim=optim,
-                            lora=lora, verbose=rank == 0)
+                            lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), verbose=rank == 0)
     lock = run_lock.acquire_run(log.dir) if run_lock.is_global_zero() else None  # one run per folder
     try:
         resume = _resolve_resume(model, log, lora, rank)

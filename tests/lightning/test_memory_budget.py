@@ -162,19 +162,38 @@ def test_apply_sets_the_chosen_knobs_on_the_configs(capsys):
     assert f"memory budget {budget:g} GiB" in out and "rejected, faster but over budget" in out
 
 
-def test_apply_keeps_a_strategy_knob_the_user_set():
+def test_apply_keeps_the_knobs_named_in_keep_and_chooses_the_rest():
+    """A recipe's value (``selective``) is a starting point: kept when it fits and is fastest, replaced when it does
+    not fit; kept whatever happens when named in ``keep``."""
     from nemo_vfm.lightning.module import OptimConfig
     from nemo_vfm.lightning.strategy import VFMParallelStrategy
     from nemo_vfm.train import TrainerConfig
 
     model, data = _tiny()
-    strategy = VFMParallelStrategy(activation_checkpointing="selective", compile=False)
-    trainer = TrainerConfig(accelerator="cpu", devices=1, strategy=strategy)
     w = workload(model, data)
     budget = estimate_gib(w, MemorySettings(activation_checkpointing="selective")) - 1e-9  # selective alone: over
-    choice = apply_memory_budget(budget, model=model, data=data, trainer=trainer, optim=OptimConfig(), verbose=False)
-    assert trainer.strategy is strategy and strategy.config.activation_checkpointing == "selective"
-    assert choice.settings != MemorySettings(activation_checkpointing="selective") and choice.gib <= budget
+
+    def run(keep):
+        strategy = VFMParallelStrategy(activation_checkpointing="selective", compile=False)
+        trainer = TrainerConfig(accelerator="cpu", devices=1, strategy=strategy)
+        choice = apply_memory_budget(budget, model=model, data=data, trainer=trainer, optim=OptimConfig(), keep=keep,
+                                     verbose=False)
+        assert trainer.strategy is strategy and choice.gib <= budget
+        return strategy.config.activation_checkpointing, choice.settings
+
+    kept, s = run(("activation_checkpointing",))
+    assert kept == "selective" and s != MemorySettings(activation_checkpointing="selective")
+    chosen, s = run(())
+    assert chosen == s.activation_checkpointing != "selective"
+    with pytest.raises(ValueError, match="trainer.memory_budget_keep names \\['ac'\\]"):
+        run(("ac",))
+
+
+def test_recipe_values_stay_when_they_fit(wan14b_lora):
+    """lora_wan_14b's save_attention + bf16 bases at 80 GiB: the fastest that fits, so nothing changes."""
+    current = MemorySettings(activation_checkpointing="save_attention", frozen_dtype="bf16")
+    s = choose(wan14b_lora, 80, options(wan14b_lora, {}), current).settings
+    assert s == current
 
 
 def test_train_chooses_before_anything_is_built(tmp_path):
