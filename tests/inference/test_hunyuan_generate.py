@@ -3,7 +3,8 @@ latents of diffusers' HunyuanVideo15Pipeline (FlowMatchEulerDiscreteScheduler wi
 ClassifierFreeGuidance) for the same transformer weights, noise and text states, T2V and I2V; and ``vfm generate``
 on tiny random T2V and I2V pipeline folders (Qwen2.5-VL + ByT5 text encoders, SigLIP, written here) encodes prompts
 as the pipeline does (bitwise), samples the pipelines' latents from prompts (and an image) alone, writes mp4s, and
-gives the one-process latents with CFG-parallel on two gloo processes."""
+gives the one-process latents with CFG-parallel or all-to-all CP2 on two gloo processes (``vfm generate --cp 2``
+too)."""
 
 import pytest
 import torch
@@ -332,25 +333,33 @@ def test_vfm_generate_i2v_writes_a_video(i2v_folder, tmp_path, capsys):
     assert list((tmp_path / "videos").rglob("*.mp4"))
 
 
-def _cfg_parallel_worker(rank, world, folder):
+SHAPE = (4, 1, 3, 3)  # latent (C, T, H, W) of the multi-process runs: 9 tokens
+
+
+def _parallel_worker(rank, world, folder, layout):
     from nemo_vfm.inference.checkpoint import read_checkpoint_info
     from nemo_vfm.inference.cp_engine import InferenceEngine
     from nemo_vfm.inference.distributed import InferenceLayout
     from nemo_vfm.inference.generate import SamplingConfig
     from nemo_vfm.inference.hunyuan import generate_hunyuan, glyph_encoder
+    from nemo_vfm.parallel.joint_context_parallel import JointContextParallelCore
 
     info = read_checkpoint_info(folder)
-    engine = InferenceEngine.from_checkpoint(info, InferenceLayout.for_world(world, cfg_parallel=True), device="cpu",
+    engine = InferenceEngine.from_checkpoint(info, InferenceLayout.for_world(world, **layout), device="cpu",
                                              dtype="fp32")
     assert (engine.text_encoder is None) == (rank != 0)  # only rank 0 encodes; the states are broadcast
+    cores = sum(isinstance(m, JointContextParallelCore) for m in engine.net.modules())
+    assert cores == (engine.net.cfg.num_layers if layout.get("cp") else 0)
     sampling = SamplingConfig(num_steps=2, guidance=GUIDANCE, sampler="flow-euler", seed=3)
-    return generate_hunyuan(engine, [PROMPT], (4, 2, 2, 3), sampling, glyph_encoder(info) if rank == 0 else None,
+    return generate_hunyuan(engine, [PROMPT], SHAPE, sampling, glyph_encoder(info) if rank == 0 else None,
                             decode=False)[0]
 
 
-def test_cfg_parallel_on_two_processes_equals_one(folder):
-    """Two gloo processes (conditional and unconditional pass each on one): rank 0's text and glyph states reach
-    rank 1, and both end with the one-process latents."""
+@pytest.mark.parametrize("layout", [dict(cfg_parallel=True), dict(cp=2, cp_kind="a2a")], ids=["cfg-parallel", "cp2"])
+def test_two_processes_equal_one(folder, layout):
+    """Two gloo processes, CFG-parallel (conditional and unconditional pass each on one) or all-to-all CP2 (the video
+    tokens split, the text replicated; 9 tokens, so one is padding): rank 0's text and glyph states reach rank 1,
+    and both end with the one-process latents."""
     import sys
     from pathlib import Path
 
@@ -365,6 +374,26 @@ def test_cfg_parallel_on_two_processes_equals_one(folder):
     info = read_checkpoint_info(folder)
     engine = InferenceEngine.from_checkpoint(info, device="cpu", dtype="fp32")
     sampling = SamplingConfig(num_steps=2, guidance=GUIDANCE, sampler="flow-euler", seed=3)
-    want = generate_hunyuan(engine, [PROMPT], (4, 2, 2, 3), sampling, glyph_encoder(info), decode=False)[0]
-    for got in run_distributed(_cfg_parallel_worker, 2, str(folder), timeout=240):
+    want = generate_hunyuan(engine, [PROMPT], SHAPE, sampling, glyph_encoder(info), decode=False)[0]
+    for got in run_distributed(_parallel_worker, 2, str(folder), layout, timeout=240):
         assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def _generate_cli_worker(rank, world, folder, out):
+    from nemo_vfm.cli.main import main
+
+    return main(["generate", "--ckpt", folder, "--prompt", PROMPT, "--frames", "5", "--height", "32", "--width", "32",
+                 "--device", "cpu", "--steps", "1", "--guidance", "6", "--cp", "2", "--out", out])
+
+
+def test_vfm_generate_with_cp2_writes_a_video(folder, tmp_path):
+    """``vfm generate --cp 2`` (as under torchrun, on two gloo processes): all-to-all CP, every rank exits 0."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
+    from gloo_launcher import run_distributed
+
+    out = tmp_path / "videos"
+    assert run_distributed(_generate_cli_worker, 2, str(folder), str(out), timeout=240) == [0, 0]
+    assert list(out.rglob("*.mp4"))

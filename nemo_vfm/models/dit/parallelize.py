@@ -96,14 +96,15 @@ def _prepare_moe(blocks, pmesh: ParallelMesh, tok: _TokenParallel | None) -> lis
     return layers
 
 
-def _replace_cores(blocks, pmesh: ParallelMesh, backend: str, cores: tuple[str, ...] = SELF_ATTENTION_CORES) -> None:
+def _replace_cores(blocks, pmesh: ParallelMesh, backend: str, cores: tuple[str, ...] = SELF_ATTENTION_CORES,
+                   cp_core=cpl.ContextParallelCore) -> None:
     d = pmesh.dims
     for block in blocks:
         for path in cores:
             parent_path, _, attr = path.rpartition(".")
             parent = block.get_submodule(parent_path)
             inner = getattr(parent, attr)
-            setattr(parent, attr, cpl.ContextParallelCore(pmesh.group("cp"), d.cp_kind, backend=backend, inner=inner))
+            setattr(parent, attr, cp_core(pmesh.group("cp"), d.cp_kind, backend=backend, inner=inner))
 
 
 def parallelize_dit(
@@ -128,6 +129,7 @@ def parallelize_dit(
     token_split: TokenSplit = TOKEN_SPLIT,
     sp_input_arity: dict[str, int] = SP_INPUT_ARITY,
     self_attention_cores: tuple[str, ...] = SELF_ATTENTION_CORES,
+    cp_core=cpl.ContextParallelCore,
 ) -> nn.Module:
     """Apply TP/SP, CP, FP8 linears, activation checkpointing, compile and FSDP to ``model`` in place; return it.
 
@@ -136,7 +138,9 @@ def parallelize_dit(
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
     ``cpu_offload``: FSDP2 with ``CPUOffloadPolicy`` (also in one process, where FSDP is otherwise skipped).
     ``check``, ``tp_plan``, ``tp_optional``, ``token_split``, ``sp_input_arity``, ``self_attention_cores``: the family's own
-    (MovieGen's and Wan's blocks follow the DiT layout).
+    (MovieGen's and Wan's blocks follow the DiT layout). ``cp_core(group, cp_kind, backend=, inner=)``: the family's
+    CP replacement of each ``self_attention_cores`` module: ``ContextParallelCore``, or a subclass with the family's
+    core interface (HunyuanVideo: ``JointContextParallelCore``, its joint video + text attention).
     """
     d = pmesh.dims
     tp_optional = TP_OPTIONAL if tp_optional is None else tp_optional
@@ -153,7 +157,7 @@ def parallelize_dit(
             apply_tensor_parallel(part, pmesh.get("tp"), plan, sequence_parallel=d.sequence_parallel,
                                   sp_input_arity=sp_input_arity, optional=tp_optional)
     if d.cp > 1:
-        _replace_cores(owned, pmesh, attention_backend, self_attention_cores)
+        _replace_cores(owned, pmesh, attention_backend, self_attention_cores, cp_core)
     tok = None
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         tok = _TokenParallel(pmesh, pad=True, plan=token_split)

@@ -46,7 +46,7 @@ from nemo_vfm.models.hunyuan.conditioning import (
     _heads,
 )
 
-__all__ = ["HunyuanVideoConfig", "HunyuanVideoModel", "HunyuanDoubleBlock"]
+__all__ = ["HunyuanVideoConfig", "HunyuanVideoModel", "HunyuanDoubleBlock", "JointAttentionCore"]
 
 
 @dataclass(kw_only=True)
@@ -133,6 +133,22 @@ class Modulation(nn.Module):
         return self.linear(F.silu(temb_BD))[:, None].chunk(self.n, dim=-1)
 
 
+class JointAttentionCore(nn.Module):
+    """The joint attention of a double block: ``q, k, v (B, Hn, S + L, Dh)`` (the ``L = text_len`` conditioning
+    tokens last), ``mask (B, 1, 1, S + L)`` True = a valid key (or None) -> ``(B, Hn, S + L, Dh)``.
+
+    The dense path; context parallelism swaps it for ``JointContextParallelCore``
+    (``nemo_vfm.parallel.joint_context_parallel``), which runs this module on its heads of the whole sequence.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.inner = SDPACore()
+
+    def forward(self, q, k, v, mask: torch.Tensor | None = None, text_len: int = 0) -> torch.Tensor:
+        return self.inner(q, k, v, mask)
+
+
 class HunyuanDoubleBlock(nn.Module):
     """Two streams (video ``x_BSD``, conditioning ``txt_BLD``) with their own weights and one joint attention."""
 
@@ -150,7 +166,7 @@ class HunyuanDoubleBlock(nn.Module):
                 setattr(self, f"{s}_attn_proj", nn.Linear(d, d))
                 setattr(self, f"{s}_mlp", Mlp(d, mlp, nn.GELU(approximate="tanh")))
         self.norm = nn.LayerNorm(d, eps=1e-6, elementwise_affine=False)  # parameter-free; shared by both streams
-        self.core = SDPACore()
+        self.core = JointAttentionCore()
 
     def _qkv(self, s: str, h: torch.Tensor):
         q, k = (_heads(getattr(self, f"{s}_attn_{n}")(h), self.head_dim) for n in ("q", "k"))
@@ -173,7 +189,8 @@ class HunyuanDoubleBlock(nn.Module):
         if txt_mask is not None:
             keys = torch.cat([txt_mask.new_ones(txt_mask.shape[0], S), txt_mask], dim=1)
             mask = keys.bool()[:, None, None, :]
-        out = self.core(torch.cat([qx, qt], 2), torch.cat([kx, kt], 2), torch.cat([vx, vt], 2), mask)
+        out = self.core(torch.cat([qx, qt], 2), torch.cat([kx, kt], 2), torch.cat([vx, vt], 2), mask,
+                        txt_BLD.shape[1])
         out = out.transpose(1, 2).flatten(2)
         x_BSD = x_BSD + self.img_attn_proj(out[:, :S]) * e[2]
         x_BSD = x_BSD + self.img_mlp(self.norm(x_BSD) * (1 + e[4]) + e[3]) * e[5]

@@ -7,9 +7,16 @@ the local heads, so their gradients are summed over TP (``TP_PARTIAL``). The tok
 modulations are replicated. FSDP2 shards each double block and the rest of the model at the root; activation
 checkpointing and compile wrap the double blocks.
 
-Not offered (:func:`check_layout` raises before anything is built): context parallelism and sequence
-parallelism (the joint attention puts the conditioning tokens in the same sequence as the video tokens, and no
-split of that sequence is implemented), and pipeline parallelism.
+Context parallelism, all-to-all kind (``context_parallel_kind='a2a'``; heads per TP rank divisible by cp): the
+video tokens are split over the CP ranks by the token split (``TOKEN_SPLIT``; a count that does not divide is
+padded, and the pad keys are cut), the conditioning stream stays replicated on every CP rank, and each double
+block's ``JointAttentionCore`` is replaced by ``JointContextParallelCore``
+(``nemo_vfm.parallel.joint_context_parallel``): video q/k/v all-to-all to heads, this rank's heads of the text
+q/k/v, attention over all video + text keys, video output all-to-all back, text output all-gathered over heads.
+
+Not offered (:func:`check_layout` raises before anything is built): ring context parallelism and sequence
+parallelism (the joint attention puts the conditioning tokens in the same sequence as the video tokens, and
+neither splits that sequence), and pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from nemo_vfm.models.hunyuan.flops import hunyuan_forward_flops
 from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
 from nemo_vfm.models.spec import FamilySpec, TokenSplit
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.joint_context_parallel import JointContextParallelCore
 from nemo_vfm.parallel.mesh import ParallelMesh
 
 TP_PLAN: dict[str, str] = {
@@ -32,7 +40,7 @@ TP_PLAN: dict[str, str] = {
 TP_OPTIONAL = frozenset({"txt_attn_proj", "txt_mlp.fc1", "txt_mlp.fc2"})  # the last block has no text output
 TP_PARTIAL = ("double_blocks.*attn_[qk]_norm.weight",)
 PP_DUPLICATED: tuple[str, ...] = ()
-# The block arguments a token split would rewrite; never installed, since check_layout refuses CP and SP.
+# The block arguments the CP token split rewrites: the video tokens and their RoPE (the text stays whole)
 TOKEN_SPLIT = TokenSplit(tokens=("x_BSD",), per_token_cond=(), rope="rope", masks=(), seg_ids=None)
 KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "param_dtype", "reduce_dtype",
                    "attention_backend", "reshard_after_forward", "cpu_offload"})
@@ -43,10 +51,10 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
     if dims.pp > 1:
         raise ValueError(f"HunyuanVideo has no pipeline-parallel plan (pp={dims.pp}); use "
                          f"pipeline_model_parallel_size=1 with FSDP2 and/or tensor parallel instead.")
-    if dims.cp > 1:
-        raise NotImplementedError(f"context parallelism (cp={dims.cp}) is not implemented for HunyuanVideo (its joint "
-                                  f"attention mixes video and text tokens); use context_parallel_size=1 with FSDP2 "
-                                  f"and/or tensor parallel.")
+    if dims.cp > 1 and dims.cp_kind != "a2a":
+        raise NotImplementedError(f"{dims.cp_kind} context parallelism (cp={dims.cp}) is not implemented for "
+                                  f"HunyuanVideo (its joint attention mixes video and text tokens); use "
+                                  f"context_parallel_kind='a2a' (heads per TP rank divisible by cp).")
     if dims.sequence_parallel:
         raise NotImplementedError("sequence parallelism is not implemented for HunyuanVideo (its joint attention "
                                   "mixes video and text tokens); set sequence_parallel=False (tensor parallel works "
@@ -58,13 +66,14 @@ def parallelize_hunyuan(model: nn.Module, pmesh: ParallelMesh, *, activation_che
                         ac_every: int = 2, compile: bool = False, param_dtype: str | None = "bf16",
                         reduce_dtype: str | None = "fp32", attention_backend: str = "auto",
                         reshard_after_forward: bool = True, cpu_offload: bool = False) -> nn.Module:
-    """Apply TP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
+    """Apply TP, all-to-all CP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
     check_layout(model.cfg, pmesh.dims)
     return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
                            compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                            attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
                            cpu_offload=cpu_offload, check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
-                           token_split=TOKEN_SPLIT, sp_input_arity={}, self_attention_cores=("core",))
+                           token_split=TOKEN_SPLIT, sp_input_arity={}, self_attention_cores=("core",),
+                           cp_core=JointContextParallelCore)
 
 
 parallelize = parallelize_hunyuan  # the family-generic name
