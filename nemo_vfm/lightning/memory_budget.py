@@ -6,10 +6,8 @@ What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_atte
 ``lora.frozen_dtype`` (None / bf16 / fp8; LoRA under a ``*-mixed`` precision), ``trainer.strategy.activation_offload``,
 ``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
 ``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
-installed). **Rule: every one of these knobs is chosen, the recipe's and the command line's values included (so a
-recipe's ``save_attention`` gives way to ``full`` when that is what fits); ties go to the fewest changes from the
-current values, so they stay whenever they are as fast. Knobs named in ``keep`` (``trainer.memory_budget_keep``) are
-kept as set.** Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits is taken
+installed). **Rule: every one of these knobs is chosen, the recipe's values included (ties go to the fewest changes,
+so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``) stay as set.** Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits is taken
 (ties: fewest changes, then least memory). One line per faster candidate that does not fit is printed.
 
 The memory model (per GPU, GiB = 2**30 bytes; an estimate, not a measurement). Parameter counts come from the
@@ -374,10 +372,8 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
         activation_checkpointing=cfg.activation_checkpointing, frozen_dtype=getattr(lora, "frozen_dtype", None),
         activation_offload=cfg.activation_offload, block_swap=cfg.block_swap, cpu_offload=cfg.cpu_offload,
         optim_name=optim.name)
-    unknown = set(keep) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"trainer.memory_budget_keep names {sorted(unknown)}, which are not memory knobs; use some of "
-                         f"{sorted(DEFAULTS)}")
+    if unknown := set(keep) - set(DEFAULTS):
+        raise ValueError(f"trainer.memory_budget_keep names {sorted(unknown)}, not memory knobs; use {sorted(DEFAULTS)}")
     fixed = {k: getattr(current, k) for k in keep}
     compiled = cfg.compile is True or (cfg.compile == "auto" and torch.cuda.is_available())
     mixed = "mixed" in str(trainer.precision)
