@@ -1,0 +1,214 @@
+"""Memory x speed matrix of the fine-tuning recipes (issue 27): each case runs the recipe's ``train()`` with
+``trainer.memory_budget_gb=N`` on one GPU whose usable memory is capped at N GiB with
+``torch.cuda.set_per_process_memory_fraction`` (an emulated card size, said so in the JSON), random weights
+(``model.pretrained=None``: weights do not change memory or speed) and random latents of the case's clip size.
+
+    # the matrix of docs/finetuning.md (one H100): Wan 1.3B / 14B, LoRA / full, 480p / 720p x 81 frames
+    python bench/memory_matrix.py --budgets 24,32,48,80 --out bench/results/memory_matrix_h100.json
+    python bench/memory_matrix.py --only wan14b-lora-480p --budgets 24 --out /tmp/m.json
+    # CPU smoke run (what tests/bench does): no cap on the CPU, the chooser still runs
+    python bench/memory_matrix.py --device cpu --case tiny=quickstart:2x8x8 --budgets 4 --steps 2 \\
+        --set model.num_layers=2 --set model.hidden_size=64 --out /tmp/m.json
+
+Per case and budget, one child process (so that a cap or an out-of-memory error stays in it) records: whether it
+fits (exit 0), the chooser's line (``memory budget N GiB: ...``), s/step (median of the logged intervals after the
+first) and peak GiB from the run's ``perf.jsonl``, or the reason it did not run (out of memory, nothing fits). A
+JSON (device, date, commit, command), a Markdown table and a PNG of s/step against the budget are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from recipe_throughput import environment  # noqa: E402
+from train_throughput import write_json  # noqa: E402
+
+FRAMES_81 = 21  # latent frames of 81 video frames (4x temporal compression + 1)
+CASES = {  # name -> (factory, latent (T, H, W), overrides)
+    "wan1.3b-lora-480p": ("lora_wan_1_3b", (FRAMES_81, 60, 104), []),
+    "wan1.3b-lora-720p": ("lora_wan_1_3b", (FRAMES_81, 90, 160), []),
+    "wan14b-lora-480p": ("lora_wan_14b", (FRAMES_81, 60, 104), []),
+    "wan14b-lora-720p": ("lora_wan_14b", (FRAMES_81, 90, 160), []),
+    "wan1.3b-full-480p": ("finetune_wan_1_3b", (FRAMES_81, 60, 104), []),
+    "wan14b-full-480p": ("finetune_wan_14b", (FRAMES_81, 60, 104), ["trainer.strategy.context_parallel_size=1"]),
+}
+LOG_TAIL = 30
+
+
+def parse_case(spec: str) -> tuple[str, tuple]:
+    """``name=factory:TxHxW`` -> (name, (factory, (T, H, W), []))."""
+    name, _, rest = spec.partition("=")
+    factory, _, shape = rest.partition(":")
+    try:
+        latent = tuple(int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        latent = ()
+    if not name or not factory or len(latent) != 3:
+        raise ValueError(f"--case takes name=factory:TxHxW (e.g. tiny=quickstart:2x8x8), got {spec!r}")
+    return name, (factory, latent, [])
+
+
+def run_child(spec: dict) -> None:
+    """In the child: cap the GPU memory, build the recipe with random weights and random latents, train."""
+    import catalogue
+    import fiddle as fdl
+    import torch
+    from nemo_run.config import get_type_namespace
+    from recipe_throughput import _set_override
+
+    sys.path.insert(0, str(ROOT / "launchers"))
+    import train as launcher  # launchers/train.py
+
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.train import train
+
+    if spec["device"] == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["budget"] / total))
+    launcher.register_recipes()
+    recipe = catalogue._get((get_type_namespace(train), spec["factory"]))()
+    for item in spec["overrides"]:
+        _set_override(recipe, item)
+    if hasattr(recipe.model, "pretrained"):
+        recipe.model.pretrained = None
+    m = recipe.model
+    t, h, w = spec["latent"]
+    recipe.data = fdl.Config(MockLatentDataModule, latent_channels=getattr(m, "out_channels", None) or m.in_channels,
+                             num_frames=t, height=h, width=w, context_dim=getattr(m, "context_dim", None),
+                             context_length=getattr(m, "text_len", 16), batch_size=1, num_samples=4, num_workers=0)
+    fdl.build(recipe)()
+
+
+def classify(log: str, returncode: int) -> str | None:
+    """None when the run finished, else why not."""
+    if returncode == 0:
+        return None
+    if "nothing fits trainer.memory_budget_gb" in log:
+        return "nothing fits (the chooser's estimate)"
+    if "OutOfMemoryError" in log or "out of memory" in log:
+        return "out of memory"
+    return f"failed (exit {returncode})"
+
+
+def run_case(name: str, case: tuple, budget: float, args) -> dict:
+    factory, latent, extra = case
+    with tempfile.TemporaryDirectory(prefix="vfm-mem-") as tmp:
+        overrides = [*extra, *args.overrides, f"trainer.memory_budget_gb={budget}", f"trainer.max_steps={args.steps}",
+                     f"trainer.log_every_n_steps={args.every}", f"log.root={tmp}", f"log.name={name}",
+                     "log.tensorboard=false", "sampling.enabled=false", f"trainer.checkpoint_every_n_steps={10 * args.steps}",
+                     "trainer.enable_progress_bar=false"]
+        if args.device == "cpu":
+            overrides.append("trainer.accelerator=cpu")
+        spec = {"factory": factory, "latent": latent, "budget": budget, "device": args.device, "overrides": overrides}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+            log, rc = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout or ""
+            log, rc = out.decode(errors="replace") if isinstance(out, bytes) else out, -1
+        res = {"case": name, "factory": factory, "latent": list(latent), "budget_gib": budget,
+               "wall_s": round(time.perf_counter() - t0, 1), "chosen": re.findall(r"^memory budget .*$", log, re.M)[:1]}
+        res["error"] = classify(log, rc) if rc != -1 else f"timeout after {args.timeout:.0f} s"
+        perf = Path(tmp) / name / "perf.jsonl"
+        rows = [json.loads(x) for x in perf.read_text().splitlines() if x.strip()] if perf.is_file() else []
+        timed = rows[1:] or rows
+        if timed:
+            steps = sorted(r["step_time_s"] for r in timed if r.get("step_time_s"))
+            res["step_s"] = steps[len(steps) // 2] if steps else None
+            res["peak_mem_gib"] = max((r.get("peak_mem_gib") or 0) for r in rows) or None
+        if res["error"]:
+            res["log_tail"] = log.splitlines()[-LOG_TAIL:]
+    return res
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| case | budget GiB | fits | s/step | peak GiB | chosen |", "|---|---|---|---|---|---|"]
+    for r in results:
+        chosen = r["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0] if r["chosen"] else "-"
+        step = f"{r['step_s']:.3f}" if r.get("step_s") else "-"
+        peak = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") else "-"
+        lines.append(f"| {r['case']} | {r['budget_gib']:g} | {'no: ' + r['error'] if r['error'] else 'yes'} | {step} "
+                     f"| {peak} | {chosen} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for case in dict.fromkeys(r["case"] for r in results):
+        pts = [(r["budget_gib"], r["step_s"]) for r in results if r["case"] == case and not r["error"] and r.get("step_s")]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=case)
+    ax.set_xlabel("memory budget (GiB, emulated card size)")
+    ax.set_ylabel("s / step")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--budgets", default="24,32,48,80", help="GiB per GPU, e.g. 24,32,48,80")
+    p.add_argument("--only", help="comma-separated case names")
+    p.add_argument("--case", action="append", default=[], help="name=factory:TxHxW instead of the built-in cases")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="an override for every case")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--every", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    p.add_argument("--commit")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if args.child:
+        run_child(json.loads(args.child))
+        return 0
+    if not args.out:
+        p.error("--out is required")
+    cases = dict(parse_case(c) for c in args.case) if args.case else dict(CASES)
+    if args.only:
+        names = args.only.split(",")
+        if unknown := [n for n in names if n not in cases]:
+            p.error(f"unknown case(s) {unknown}; the cases are {sorted(cases)}")
+        cases = {n: cases[n] for n in names}
+    budgets = [float(b) for b in args.budgets.split(",")]
+    results = []
+    for name, case in cases.items():
+        for budget in budgets:
+            results.append(r := run_case(name, case, budget, args))
+            print(f"{name} @ {budget:g} GiB: {r['error'] or 'fits'} step_s={r.get('step_s')} "
+                  f"peak={r.get('peak_mem_gib')} | {(r['chosen'] or ['-'])[0]}", flush=True)
+    env = {**environment(args.device, args.commit), "command": shlex.join(["python", *sys.argv]),
+           "emulation": "card size = torch.cuda.set_per_process_memory_fraction(budget / total memory); random "
+                        "weights and latents" if args.device == "cuda" else "CPU: no memory cap"}
+    out = Path(args.out)
+    write_json(str(out), env, results)
+    out.with_suffix(".md").write_text(table(results) + "\n")
+    plot(results, out.with_suffix(".png"))
+    print(table(results))
+    print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
+    # not fitting is a result; a run that failed otherwise (or timed out) is not
+    return 1 if any(r["error"] and r["error"].startswith(("failed", "timeout")) for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
