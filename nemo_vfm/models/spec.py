@@ -68,3 +68,17 @@ class FamilySpec:
 
     def layout_kwargs(self, knobs: dict) -> dict:
         return {k: v for k, v in knobs.items() if k in self.layout_knobs}
+
+
+def check_unpipelined_layout(cfg, dims, latent_shape: tuple[int, int, int] | None, family: str) -> None:
+    """The layout check of a family without pipeline stages (Wan, Cosmos): refuse ``pp > 1``, then the heads, layers
+    and token count (``latent_shape`` cut into ``cfg.patch_size`` patches; padded for CP/SP) against ``dims``."""
+    if dims.pp > 1:
+        raise ValueError(f"{family} has no pipeline-parallel plan (pp={dims.pp}); use pipeline_model_parallel_size=1 "
+                         f"with FSDP2, context parallel and/or tensor parallel instead.")
+    tokens = None
+    if latent_shape is not None:
+        tokens = 1
+        for n, p in zip(latent_shape, cfg.patch_size):
+            tokens *= n // p
+    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=True)

@@ -13,6 +13,16 @@ from einops import rearrange
 from torch import nn
 
 
+def patch_grid(T: int, H: int, W: int, patch_size: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The token grid ``(t, h, w)`` of a ``(T, H, W)`` latent cut into ``patch_size`` patches; raises naming the fix
+    when a size does not divide."""
+    pt, ph, pw = patch_size
+    if T % pt or H % ph or W % pw:
+        raise ValueError(f"latent size (T={T}, H={H}, W={W}) is not divisible by the patch size {tuple(patch_size)}; "
+                         f"use T, H, W that are multiples of ({pt}, {ph}, {pw})")
+    return T // pt, H // ph, W // pw
+
+
 class PatchEmbed3D(nn.Module):
     """Latents ``(B, C, T, H, W)`` -> tokens ``(B, S, D)`` by non-overlapping ``(pt, ph, pw)`` patches.
 
@@ -27,12 +37,7 @@ class PatchEmbed3D(nn.Module):
         self.proj = nn.Linear(pt * ph * pw * in_channels, hidden_size)
 
     def grid(self, T: int, H: int, W: int) -> tuple[int, int, int]:
-        pt, ph, pw = self.patch_size
-        if T % pt or H % ph or W % pw:
-            raise ValueError(
-                f"latent size (T={T}, H={H}, W={W}) is not divisible by patch size {self.patch_size}; "
-                f"use T, H, W that are multiples of ({pt}, {ph}, {pw})")
-        return T // pt, H // ph, W // pw
+        return patch_grid(T, H, W, self.patch_size)
 
     def patchify(self, x_BCTHW: torch.Tensor) -> torch.Tensor:
         pt, ph, pw = self.patch_size

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_vfm.models.common.attention import SDPACore
-from nemo_vfm.models.common.embeddings import apply_rope
+from nemo_vfm.models.common.embeddings import apply_rope, patch_grid
 
 __all__ = ["CosmosConfig", "CosmosModel", "CosmosBlock", "CosmosFinalLayer"]
 
@@ -249,11 +249,7 @@ class CosmosModel(nn.Module):
         self.final_layer = CosmosFinalLayer(d, cfg.adaln_lora_dim, p * cfg.out_channels)
 
     def grid(self, T: int, H: int, W: int) -> tuple[int, int, int]:
-        pt, ph, pw = self.cfg.patch_size
-        if T % pt or H % ph or W % pw:
-            raise ValueError(f"latent size (T={T}, H={H}, W={W}) is not divisible by the patch size "
-                             f"{self.cfg.patch_size}; use multiples of ({pt}, {ph}, {pw})")
-        return T // pt, H // ph, W // pw
+        return patch_grid(T, H, W, self.cfg.patch_size)
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C', T, H, W)`` -> ``(B, S, C' pt ph pw)`` (channel-major per patch, as the release)."""

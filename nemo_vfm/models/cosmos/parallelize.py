@@ -20,7 +20,7 @@ from torch import nn
 from nemo_vfm.models.cosmos.flops import cosmos_forward_flops
 from nemo_vfm.models.cosmos.model import CosmosConfig
 from nemo_vfm.models.dit.parallelize import KNOBS, parallelize_dit
-from nemo_vfm.models.spec import FamilySpec, TokenSplit
+from nemo_vfm.models.spec import FamilySpec, TokenSplit, check_unpipelined_layout
 from nemo_vfm.models.wan.parallelize import _scale_grad_hook
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.mesh import ParallelMesh
@@ -44,15 +44,7 @@ PP_DUPLICATED: tuple[str, ...] = ()  # no pipeline plan
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
     """Fail before building anything if ``cfg`` (a CosmosConfig) does not fit ``dims``."""
-    if dims.pp > 1:
-        raise ValueError(f"Cosmos has no pipeline-parallel plan (pp={dims.pp}); use pipeline_model_parallel_size=1 "
-                         f"with FSDP2, context parallel and/or tensor parallel instead.")
-    tokens = None
-    if latent_shape is not None:
-        tokens = 1
-        for n, p in zip(latent_shape, cfg.patch_size):
-            tokens *= n // p
-    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=True)
+    check_unpipelined_layout(cfg, dims, latent_shape, "Cosmos")
 
 
 def parallelize_cosmos(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpointing: str = "none",

@@ -36,7 +36,7 @@ from einops import rearrange
 from torch import nn
 
 from nemo_vfm.models.common.attention import SDPACore
-from nemo_vfm.models.common.embeddings import apply_rope_interleaved
+from nemo_vfm.models.common.embeddings import apply_rope_interleaved, patch_grid
 from nemo_vfm.models.hunyuan.conditioning import (
     GlyphEmbedder,
     Mlp,
@@ -261,11 +261,7 @@ class HunyuanVideoModel(nn.Module):
         return self.double_blocks
 
     def grid(self, T: int, H: int, W: int) -> tuple[int, int, int]:
-        pt, ph, pw = self.cfg.patch_size
-        if T % pt or H % ph or W % pw:
-            raise ValueError(f"latent size (T={T}, H={H}, W={W}) is not divisible by the patch size "
-                             f"{self.cfg.patch_size}; use multiples of ({pt}, {ph}, {pw})")
-        return T // pt, H // ph, W // pw
+        return patch_grid(T, H, W, self.cfg.patch_size)
 
     def conditioning_tokens(self, timesteps, context, context_mask, image_embeds, glyph_context, glyph_mask):
         """The joint conditioning sequence ``[image, glyph, text]`` ``(B, L', D)`` and its key mask ``(B, L')``."""

@@ -46,7 +46,13 @@ from nemo_vfm.models.common.attention import (
     sparse_settings,
     vsa_gate,
 )
-from nemo_vfm.models.common.embeddings import RoPE3D, apply_rope_interleaved, sinusoidal_embedding, unpatchify
+from nemo_vfm.models.common.embeddings import (
+    RoPE3D,
+    apply_rope_interleaved,
+    patch_grid,
+    sinusoidal_embedding,
+    unpatchify,
+)
 from nemo_vfm.models.common.mlp import linear_gelu
 from nemo_vfm.models.wan.norms import WanLayerNorm, WanRMSNorm
 
@@ -276,11 +282,7 @@ class WanModel(nn.Module):
         return self.head
 
     def grid(self, T: int, H: int, W: int) -> tuple[int, int, int]:
-        pt, ph, pw = self.cfg.patch_size
-        if T % pt or H % ph or W % pw:
-            raise ValueError(f"latent size (T={T}, H={H}, W={W}) is not divisible by the patch size "
-                             f"{self.cfg.patch_size}; use multiples of ({pt}, {ph}, {pw})")
-        return T // pt, H // ph, W // pw
+        return patch_grid(T, H, W, self.cfg.patch_size)
 
     def condition(self, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B,)`` t in [0, 1] -> ``e (B, D)`` (the head's) and the blocks' time projection ``(B, 6D)``;

@@ -22,7 +22,7 @@ from torch import nn
 
 from nemo_vfm.models.common.attention import check_sparse_layout
 from nemo_vfm.models.dit.parallelize import KNOBS, parallelize_dit
-from nemo_vfm.models.spec import FamilySpec, TokenSplit
+from nemo_vfm.models.spec import FamilySpec, TokenSplit, check_unpipelined_layout
 from nemo_vfm.models.wan.flops import wan_forward_flops
 from nemo_vfm.models.wan.model import WanConfig, WanRMSNorm
 from nemo_vfm.parallel.dims import ParallelDims
@@ -49,15 +49,7 @@ PP_DUPLICATED: tuple[str, ...] = ()  # no pipeline plan
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
     """Fail before building anything if ``cfg`` (a WanConfig) does not fit ``dims``."""
-    if dims.pp > 1:
-        raise ValueError(f"Wan has no pipeline-parallel plan (pp={dims.pp}); use pipeline_model_parallel_size=1 with "
-                         f"FSDP2, context parallel and/or tensor parallel instead.")
-    tokens = None
-    if latent_shape is not None:
-        tokens = 1
-        for n, p in zip(latent_shape, cfg.patch_size):
-            tokens *= n // p
-    dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=True)
+    check_unpipelined_layout(cfg, dims, latent_shape, "Wan")
     check_sparse_layout(cfg, dims, "Wan")
 
 
