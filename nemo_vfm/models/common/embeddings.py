@@ -18,8 +18,8 @@ def patch_grid(T: int, H: int, W: int, patch_size: tuple[int, int, int]) -> tupl
     when a size does not divide."""
     pt, ph, pw = patch_size
     if T % pt or H % ph or W % pw:
-        raise ValueError(f"latent size (T={T}, H={H}, W={W}) is not divisible by the patch size {tuple(patch_size)}; "
-                         f"use T, H, W that are multiples of ({pt}, {ph}, {pw})")
+        raise ValueError(f"latent size (T={T}, H={H}, W={W}) is not divisible by patch size {tuple(patch_size)} (each "
+                         f"of T, H, W must be divisible by the patch size); use multiples of ({pt}, {ph}, {pw})")
     return T // pt, H // ph, W // pw
 
 
