@@ -25,6 +25,7 @@ import lightning
 import yaml
 
 from nemo_vfm.data.protocol import check_data_module
+from nemo_vfm.data.synthetic import MockLatentDataModule
 
 
 @dataclass(kw_only=True)
@@ -238,6 +239,8 @@ def _check_expert(model, objective) -> None:
 
 def _validate_inputs(model, data, init_from, objective) -> None:
     check_data_module(data)  # a custom data module lacking a member fails here, before anything is built
+    if isinstance(data, MockLatentDataModule):
+        data.take_model_shape(model)  # data=mock: unset channels / text width become the model's
     _check_pretrained(model)
     _check_expert(model, objective)
     validate(model, data)

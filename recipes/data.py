@@ -7,8 +7,12 @@ Python::
     recipe.data = data.energon_datamodule(path="/data/webvid_prepared", max_seq_length=8192, pad_to_multiple=8)
     recipe.data = data.energon_blend([("/data/videos", 3.0), ("/data/images", 1.0)], max_seq_length=8192)
 
-CLI (``launchers/train.py`` imports this module): ``data=energon`` / ``data=energon_packed`` are registered
-for ``train``'s ``data`` argument; nemo-run resolves them once that argument carries a type annotation.
+CLI (``launchers/train.py`` imports this module): ``data=energon`` / ``data=energon_packed`` / ``data=mock`` are
+registered for ``train``'s ``data`` argument; nemo-run resolves them once that argument carries a type annotation.
+``data=mock`` (random latents and text states of a given size) times a recipe without prepared data::
+
+    python launchers/train.py --factory lora_wan_1_3b --yes model.pretrained=None data=mock \
+        data.num_frames=21 data.height=60 data.width=104 trainer.max_steps=20
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from lightning import LightningDataModule
 
 from nemo_vfm.data.energon_datamodule import EnergonDataModule
 from nemo_vfm.data.prepare import PrepareConfig, prepare
+from nemo_vfm.data.synthetic import MockLatentDataModule
 from nemo_vfm.train import train
 
 
@@ -62,6 +67,17 @@ def energon() -> run.Config[EnergonDataModule]:
 def energon_packed() -> run.Config[EnergonDataModule]:
     """CLI ``data=energon_packed data.path=DIR data.max_seq_length=N``: packed THD batches."""
     return packed(energon_datamodule())
+
+
+@run.cli.factory(target=LightningDataModule, name="mock")
+@run.cli.factory(target=train, target_arg="data", name="mock")
+def mock() -> run.Config[MockLatentDataModule]:
+    """CLI ``data=mock``: random latents ``(latent_channels, num_frames, height, width)`` and text states
+    ``(context_length, context_dim)``, batch 1, for throughput and memory runs; ``latent_channels`` and
+    ``context_dim`` left unset take the model's (``train()`` fills them in)."""
+    return run.Config(MockLatentDataModule, latent_channels=None, num_frames=21, height=60, width=104,
+                      context_dim=None, context_length=512, batch_size=1, num_samples=4, num_workers=0,
+                      match_model=True)
 
 
 def prepare_recipe(input: str, output: str, *, tokenizer: str = "identity", tokenizer_kwargs: dict | None = None,

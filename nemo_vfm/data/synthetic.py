@@ -168,14 +168,22 @@ class ShapesDataModule(_EncodedDataModule):
 
 
 class MockLatentDataModule(_ResumableDataModule):
-    """Random latents ``(C, T, H, W)`` and text embeddings ``(L, D)``: for throughput runs and smoke tests."""
+    """Random latents ``(C, T, H, W)`` and text embeddings ``(L, D)``: for throughput runs and smoke tests.
 
-    def __init__(self, *, latent_channels: int = 16, num_frames: int = 8, height: int = 32, width: int = 32,
+    ``match_model=True`` (the CLI's ``data=mock``): ``latent_channels`` / ``context_dim`` left ``None`` take the
+    model's when ``train()`` starts (:meth:`take_model_shape`); otherwise ``context_dim=None`` means no text."""
+
+    def __init__(self, *, latent_channels: int | None = 16, num_frames: int = 8, height: int = 32, width: int = 32,
                  context_dim: int | None = 1024, context_length: int = 512, num_classes: int = 0,
-                 batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0, num_workers: int = 0):
+                 batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0, num_workers: int = 0,
+                 match_model: bool = False):
         super().__init__()
         if num_workers < 0:
             raise ValueError(f"MockLatentDataModule.num_workers must be >= 0, got {num_workers}")
+        if latent_channels is None and not match_model:
+            raise ValueError("MockLatentDataModule.latent_channels is None; set it, or match_model=True to take the "
+                             "model's")
+        self.match_model = match_model
         self.save_hyperparameters()
         self.num_workers = num_workers  # loader processes: batches are collated and pinned off the training loop
         self.shape = (latent_channels, num_frames, height, width)
@@ -187,6 +195,16 @@ class MockLatentDataModule(_ResumableDataModule):
     @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         return self.shape
+
+    def take_model_shape(self, model) -> None:
+        """``match_model``: unset latent channels become the model's noise channels (``in_channels`` less its
+        conditioning channels), an unset ``context_dim`` the model's (None: no text)."""
+        if not self.match_model:
+            return
+        if self.shape[0] is None:
+            self.shape = (model.in_channels - getattr(model, "cond_channels", 0), *self.shape[1:])
+        if self.context_dim is None:
+            self.context_dim = getattr(model, "context_dim", None)
 
     def build_encoders(self) -> None:
         """None: random latents come from no tokenizer (no previews; ``tokenizer_spec`` is None)."""

@@ -1,0 +1,326 @@
+"""Fine-tuning step of each model family through the user's command, beside diffusers (+ peft), same GPU, same run.
+
+    # the rows of docs/models.md and docs/finetuning.md (one H100): Wan 2.2, Cosmos-Predict2.5, HunyuanVideo 1.5
+    python bench/family_step.py --out bench/results/family_step_h100.json
+    python bench/family_step.py --only cosmos2.5-2b-lora,cosmos2.5-2b-full --out /tmp/f.json
+    # CPU smoke run (what tests/bench does): tiny networks, a few steps
+    python bench/family_step.py --device cpu --tiny --only wan2.2-ti2v-5b-lora --steps 4 --every 2 --out /tmp/f.json
+
+Ours: ``launchers/train.py --factory F --yes model.pretrained=None data=mock data.num_frames=T data.height=H
+data.width=W ...`` (``recipe_throughput.run_recipe``: a subprocess, the recipe's layout, checkpointing and compile
+settings, random weights and latents; the figures are the run's ``perf.jsonl``). Theirs: the same architecture in
+diffusers (our config converted by the family's ``config_to_diffusers``), random bf16 weights, the same latent and
+text sizes, diffusers' ``enable_gradient_checkpointing()``; LoRA through peft (``add_adapter``) on the same linears
+with the recipe's rank and alpha, full fine-tuning with fp32 master weights and fused AdamW (as ours); the loss is
+rectified flow's velocity MSE. HunyuanVideo gets what its pipeline feeds at text-to-video: the ByT5 states (256
+tokens, masked) and zero SigLIP tokens (729, masked). Random weights change neither memory nor speed.
+
+Writes JSON (device, date, commit, command; per case ours and theirs: ms/step, peak GiB, ours' TFLOP/s and MFU) and a
+Markdown table; ``ratio`` = diffusers ms / ours ms (> 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """``factory`` trained on ``latent`` (T, H, W) random latents with ``text`` tokens; ``family``/``flavor`` name the
+    architecture diffusers builds; ``lora`` (rank, alpha) or None for full fine-tuning; ``size`` says what it is."""
+
+    factory: str
+    family: str
+    flavor: str
+    latent: tuple[int, int, int]
+    text: int
+    lora: tuple[int, float] | None
+    size: str
+    overrides: tuple[str, ...] = ()
+
+
+RANK32 = (32, 32.0)
+CASES = {
+    "wan2.2-ti2v-5b-lora": Case("lora_wan2_2_ti2v_5b", "wan", "ti2v_5b", (31, 44, 80), 512, RANK32,
+                                "704x1280 px, 121 frames (27,280 tokens)"),
+    "wan2.2-t2v-a14b-lora": Case("lora_wan2_2_t2v_a14b", "wan", "t2v_a14b", (21, 60, 104), 512, RANK32,
+                                 "480x832 px, 81 frames (32,760 tokens), one expert"),
+    "cosmos2.5-2b-lora": Case("lora_cosmos_predict2_5_2b", "cosmos", "predict2_5_2b", (24, 60, 104), 512, RANK32,
+                              "480x832 px, 93 frames (37,440 tokens)"),
+    "cosmos2.5-2b-full": Case("finetune_cosmos_predict2_5_2b", "cosmos", "predict2_5_2b", (24, 60, 104), 512, None,
+                              "480x832 px, 93 frames (37,440 tokens)"),
+    "hunyuan1.5-lora": Case("lora_hunyuanvideo_1_5", "hunyuan", "480p_t2v", (31, 30, 53), 256, RANK32,
+                            "480x848 px, 121 frames (49,290 tokens)"),
+    "wan1.3b-lora": Case("lora_wan_1_3b", "wan", "t2v_1_3b", (21, 60, 104), 512, RANK32,
+                         "480x832 px, 81 frames (32,760 tokens)"),
+    "wan1.3b-lora-sparse": Case("lora_wan_1_3b_sparse", "wan", "t2v_1_3b", (21, 60, 104), 512, RANK32,
+                                "480x832 px, 81 frames (32,760 tokens); ours sparse (STA), diffusers dense"),
+}
+DEFAULT = ("wan2.2-ti2v-5b-lora", "wan2.2-t2v-a14b-lora", "cosmos2.5-2b-lora", "cosmos2.5-2b-full", "hunyuan1.5-lora")
+TINY_LATENT, TINY_TEXT = (3, 4, 4), 8
+# peft targets (diffusers' module names) of the linears the recipes adapt
+PEFT_TARGETS = {
+    "wan": ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"],
+    "cosmos": r"transformer_blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))",
+    "hunyuan": r"transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
+               r"|ff\.net\.(0\.proj|2)|ff_context\.net\.(0\.proj|2))",
+}
+
+
+def _flavors(family: str):
+    if family == "wan":
+        from nemo_vfm.models.wan import convert
+        from nemo_vfm.models.wan.flavors import FLAVORS
+    elif family == "cosmos":
+        from nemo_vfm.models.cosmos import convert
+        from nemo_vfm.models.cosmos.flavors import FLAVORS
+    else:
+        from nemo_vfm.models.hunyuan import convert
+        from nemo_vfm.models.hunyuan.flavors import FLAVORS
+    return FLAVORS, convert
+
+
+def tiny_overrides(case: Case) -> dict:
+    """The family's ``tiny`` test architecture (diffusers fixes HunyuanVideo's ByT5 width at 2048)."""
+    flavors, _ = _flavors(case.family)
+    kw = dict(flavors["tiny"])
+    if case.family == "hunyuan":
+        kw["glyph_hidden"] = 2048
+    if case.flavor == "ti2v_5b":
+        kw.update(in_channels=48, out_channels=48)
+    return kw
+
+
+def model_config(case: Case, tiny: bool):
+    from nemo_vfm.models.cosmos.model import CosmosConfig
+    from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
+    from nemo_vfm.models.wan.model import WanConfig
+
+    flavors, _ = _flavors(case.family)
+    cls = {"wan": WanConfig, "cosmos": CosmosConfig, "hunyuan": HunyuanVideoConfig}[case.family]
+    return cls(**{**flavors[case.flavor], **(tiny_overrides(case) if tiny else {})})
+
+
+def _cli_value(v) -> str:
+    return "[" + ",".join(str(x) for x in v) + "]" if isinstance(v, (tuple, list)) else str(v)
+
+
+def ours_overrides(case: Case, latent, text: int, tiny: bool) -> list[str]:
+    t, h, w = latent
+    out = ["model.pretrained=None", "data=mock", f"data.num_frames={t}", f"data.height={h}", f"data.width={w}",
+           f"data.context_length={text}", *case.overrides]
+    if tiny:
+        out += [f"model.{k}={_cli_value(v)}" for k, v in tiny_overrides(case).items()]
+    return out
+
+
+# -- diffusers ------------------------------------------------------------------------------------------------
+def diffusers_net(case: Case, cfg, device, dtype):
+    """diffusers' network of ``cfg`` built in ``dtype`` on ``device`` and ``net(x, t, ctx) -> velocity``."""
+    import torch
+
+    _, convert = _flavors(case.family)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    torch.manual_seed(0)
+    try:
+        with torch.device(device):
+            if case.family == "wan":
+                from diffusers import WanTransformer3DModel
+
+                model = WanTransformer3DModel(**convert.config_to_diffusers(cfg))
+            elif case.family == "cosmos":
+                from diffusers import CosmosTransformer3DModel
+
+                _nearest_resize_shim()
+                model = CosmosTransformer3DModel(**convert.config_to_diffusers(cfg))
+            else:
+                from diffusers import HunyuanVideo15Transformer3DModel
+
+                model = HunyuanVideo15Transformer3DModel(**convert.config_to_diffusers(cfg))
+    finally:
+        torch.set_default_dtype(prev)
+    pt, ph, pw = cfg.patch_size
+
+    def net(x, t, ctx):
+        B, _, T, H, W = x.shape
+        if case.family == "wan":
+            ts = t * 1000
+            if case.flavor == "ti2v_5b":  # Wan 2.2 TI2V: per-token times (the first frame's clean tokens at 0)
+                ts = ts[:, None].expand(B, (T // pt) * (H // ph) * (W // pw)).clone()
+                ts[:, : (H // ph) * (W // pw)] = 0
+            return model(x, ts, ctx, return_dict=False)[0]
+        if case.family == "cosmos":
+            cond = x.new_zeros(B, 1, T, H, W)
+            return model(x, t, ctx, condition_mask=cond, padding_mask=x.new_zeros(1, 1, H, W), return_dict=False)[0]
+        zeros = x.new_zeros
+        return model(hidden_states=torch.cat([x, zeros(B, cfg.cond_channels, T, H, W)], 1), timestep=t * 1000,
+                     encoder_hidden_states=ctx, encoder_attention_mask=torch.ones(ctx.shape[:2], device=x.device),
+                     encoder_hidden_states_2=zeros(B, 256, cfg.glyph_dim),
+                     encoder_attention_mask_2=torch.zeros(B, 256, device=x.device),
+                     image_embeds=zeros(B, 729, cfg.image_dim), return_dict=False)[0]
+
+    return model, net
+
+
+def _nearest_resize_shim() -> None:
+    """diffusers' Cosmos transformer resizes its padding mask with torchvision; without torchvision, the same
+    nearest-neighbour resize through ``F.interpolate``."""
+    import types
+
+    import torch.nn.functional as F
+    from diffusers.models.transformers import transformer_cosmos as tc
+
+    if not hasattr(tc, "transforms"):
+        resize = lambda x, size, interpolation=None: F.interpolate(x, size=size, mode="nearest")  # noqa: E731
+        tc.transforms = types.SimpleNamespace(functional=types.SimpleNamespace(resize=resize),
+                                              InterpolationMode=types.SimpleNamespace(NEAREST="nearest"))
+
+
+def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps: int, warmup: int) -> dict:
+    """diffusers' (+ peft) fine-tuning step of ``case``: ms/step (median), peak GiB, trainable parameters."""
+    import torch
+    from train_throughput import MasterWeights, time_steps
+
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cfg = model_config(case, tiny)
+    model, net = diffusers_net(case, cfg, dev, dtype)
+    model.train()
+    if case.lora:
+        from peft import LoraConfig
+
+        model.requires_grad_(False)
+        rank, alpha = case.lora
+        model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=True,
+                                     target_modules=PEFT_TARGETS[case.family]))
+    model.enable_gradient_checkpointing()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-5, weight_decay=0.0, fused=dev.type == "cuda")  # noqa: E731
+    opt = MasterWeights(trainable, adamw) if dtype == torch.bfloat16 else adamw(trainable)
+    g = torch.Generator().manual_seed(0)
+    channels = cfg.out_channels
+    x0 = torch.randn(1, channels, *latent, generator=g).to(dev, dtype)
+    ctx = torch.randn(1, text, cfg.context_dim, generator=g).to(dev, dtype)
+
+    def step():
+        t = torch.rand(1, device=dev)
+        noise = torch.randn_like(x0)
+        xt = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
+        loss = torch.nn.functional.mse_loss(net(xt, t, ctx).float(), (noise - x0).float())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, losses = time_steps(step, steps, warmup, dev)
+    if not all(v == v and abs(v) < 1e6 for v in losses):
+        raise RuntimeError(f"diffusers {case.factory}: non-finite loss {losses}")
+    return {"path": "diffusers" + (" + peft" if case.lora else ""), "ms": 1e3 * statistics.median(times),
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
+            "trainable_params": sum(p.numel() for p in trainable)}
+
+
+# -- the bench -----------------------------------------------------------------------------------------------
+def run_case(name: str, case: Case, a) -> dict:
+    from recipe_throughput import RecipeCase, run_recipe
+
+    latent, text = (TINY_LATENT, TINY_TEXT) if a.tiny else (case.latent, case.text)
+    res = {"case": name, "factory": case.factory, "size": case.size if not a.tiny else "tiny",
+           "latent": list(latent), "text_tokens": text, "lora": case.lora}
+    rc = RecipeCase(name=name, factory=case.factory, overrides=ours_overrides(case, latent, text, a.tiny) + a.overrides)
+    ours = run_recipe(rc, a.steps, a.every, a.skip, a.device)
+    if "error" not in ours:
+        ours["ms"] = 1e3 * ours["step_s"]
+    res["ours"] = ours
+    if "diffusers" in a.sides:
+        try:
+            res["diffusers"] = run_diffusers(case, latent, text, a.tiny, a.device, a.diffusers_steps, a.warmup)
+        except Exception as e:  # noqa: BLE001 (an out-of-memory diffusers run is a result, not a crash)
+            res["diffusers"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        finally:
+            _free(a.device)
+    if "ms" in res["ours"] and "ms" in res.get("diffusers", {}):
+        res["ratio"] = res["diffusers"]["ms"] / res["ours"]["ms"]
+    return res
+
+
+def _free(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| case | size | ours ms/step | ours TFLOP/s (MFU) | ours GiB | diffusers ms/step | diffusers GiB | "
+             "ours vs diffusers |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        o, d = r["ours"], r.get("diffusers", {})
+        om = f"{o['ms']:.0f}" if "ms" in o else f"error: {o.get('error', '')[:60]}"
+        tf = f"{o['model_tflops']:.0f} ({100 * o['mfu']:.1f}%)" if o.get("model_tflops") and o.get("mfu") else "-"
+        og = f"{o['peak_mem_gib']:.1f}" if o.get("peak_mem_gib") else "-"
+        dm = f"{d['ms']:.0f}" if "ms" in d else (f"error: {d['error'][:60]}" if d else "-")
+        dg = f"{d['peak_mem_gib']:.1f}" if d.get("peak_mem_gib") else "-"
+        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        lines.append(f"| {r['case']} | {r['size']} | {om} | {tf} | {og} | {dm} | {dg} | {ratio} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help=f"comma list of cases (default: {','.join(DEFAULT)}; all: {','.join(CASES)})")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--tiny", action="store_true", help="the families' tiny test networks (CPU smoke run)")
+    p.add_argument("--sides", default="ours,diffusers", help="which to run (comma list)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="an override for every recipe run")
+    p.add_argument("--steps", type=int, default=12, help="our training steps (the launcher's max_steps)")
+    p.add_argument("--every", type=int, default=2, help="our log interval (steps)")
+    p.add_argument("--skip", type=int, default=2, help="our log intervals dropped as warm-up (compilation)")
+    p.add_argument("--diffusers-steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2, help="diffusers' untimed steps")
+    p.add_argument("--commit")
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    a.names = a.only.split(",") if a.only else list(DEFAULT)
+    unknown = [n for n in a.names if n not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; choose from {sorted(CASES)}")
+    a.sides = a.sides.split(",")
+    return a
+
+
+def main(argv=None) -> int:
+    from recipe_throughput import environment
+    from train_throughput import write_json
+
+    a = parse_args(argv)
+    results = []
+    for name in a.names:
+        results.append(run_case(name, CASES[name], a))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "ours"} | {"ours_ms": results[-1]["ours"].get(
+            "ms"), "ours_error": results[-1]["ours"].get("error")}, default=str), flush=True)
+        if a.out:  # after every case: a later crash keeps what was measured
+            write_json(a.out, environment(a.device, a.commit), results)
+    print(table(results))
+    if a.out:
+        Path(a.out).with_suffix(".md").write_text(table(results) + "\n")
+    return 0 if all("ms" in r["ours"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
