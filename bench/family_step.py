@@ -163,7 +163,7 @@ def diffusers_net(case: Case, cfg, device, dtype):
             cond = x.new_zeros(B, 1, T, H, W)
             return model(x, t, ctx, condition_mask=cond, padding_mask=x.new_zeros(1, 1, H, W), return_dict=False)[0]
         zeros = x.new_zeros
-        return model(hidden_states=torch.cat([x, zeros(B, cfg.cond_channels, T, H, W)], 1), timestep=t * 1000,
+        return model(hidden_states=torch.cat([x, zeros(B, cfg.cond_channels, T, H, W)], 1), timestep=(t * 1000).to(x.dtype),
                      encoder_hidden_states=ctx, encoder_attention_mask=torch.ones(ctx.shape[:2], device=x.device),
                      encoder_hidden_states_2=zeros(B, 256, cfg.glyph_dim),
                      encoder_attention_mask_2=torch.zeros(B, 256, device=x.device),
@@ -192,7 +192,7 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
     from train_throughput import MasterWeights, time_steps
 
     dev = torch.device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = torch.bfloat16  # on the CPU too: the smoke run takes the GPU's path
     cfg = model_config(case, tiny)
     model, net = diffusers_net(case, cfg, dev, dtype)
     model.train()
@@ -206,7 +206,7 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
     model.enable_gradient_checkpointing()
     trainable = [p for p in model.parameters() if p.requires_grad]
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-5, weight_decay=0.0, fused=dev.type == "cuda")  # noqa: E731
-    opt = MasterWeights(trainable, adamw) if dtype == torch.bfloat16 else adamw(trainable)
+    opt = MasterWeights(trainable, adamw)
     g = torch.Generator().manual_seed(0)
     channels = cfg.out_channels
     x0 = torch.randn(1, channels, *latent, generator=g).to(dev, dtype)
@@ -215,7 +215,8 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
     def step():
         t = torch.rand(1, device=dev)
         noise = torch.randn_like(x0)
-        xt = (1 - t.view(-1, 1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1, 1) * noise
+        tt = t.view(-1, 1, 1, 1, 1).to(dtype)
+        xt = (1 - tt) * x0 + tt * noise
         loss = torch.nn.functional.mse_loss(net(xt, t, ctx).float(), (noise - x0).float())
         loss.backward()
         opt.step()

@@ -169,7 +169,7 @@ class MasterWeights:
 
     def step(self):
         for m, p in zip(self.master, self.params):
-            m.grad = p.grad.float()
+            m.grad = None if p.grad is None else p.grad.float()  # None: a weight no output reads (AdamW skips it)
         self.opt.step()
         with torch.no_grad():
             torch._foreach_copy_([p.data for p in self.params], self.master)
