@@ -9,6 +9,8 @@
     # Wan-14B LoRA on one 80 GB GPU, no FSDP: frozen bf16 base, the recipe's checkpointing (memory and s/step)
     python bench/wan_step.py --mode lora --model t2v_14b --cases ours --steps 5 --warmup 2 \
         --out bench/results/wan_14b_lora_h100.json
+    # sliding tile attention in ours (vfm generate --attention sta; lora_wan_1_3b_sparse), diffusers dense
+    python bench/wan_step.py --mode infer --attention sta --attention-window 3x3x3 --out bench/results/wan_sta_infer.json
     # CPU smoke run (what the tests do)
     python bench/wan_step.py --device cpu --tiny --mode full
 
@@ -58,10 +60,18 @@ RECIPE_AC = {("full", "t2v_1_3b"): "save_attention", ("lora", "t2v_1_3b"): "save
              ("lora", "t2v_14b"): "save_attention"}
 
 
-def wan_config(tiny: bool, model: str = "t2v_1_3b"):
+def wan_config(tiny: bool, model: str = "t2v_1_3b", attention: str = "dense", window: str = "3x3x3",
+               tile: str = "4x8x4"):
+    """The flavor's config; ``attention="sta"``: our sliding tile attention (``window`` / ``tile`` as TxHxW)."""
     from nemo_vfm.models.wan.flavors import wan_config as flavor
 
-    return flavor("tiny") if tiny else flavor(model)
+    sparse = {} if attention == "dense" else dict(attention=attention, attention_window=_txhxw(window),
+                                                  attention_tile=_txhxw(tile))
+    return flavor("tiny", **sparse) if tiny else flavor(model, **sparse)
+
+
+def _txhxw(text: str) -> tuple[int, int, int]:
+    return tuple(int(v) for v in text.lower().split("x"))
 
 
 def make_inputs(cfg, latent, batch: int, device, dtype, seed: int = 0) -> dict:
@@ -258,7 +268,7 @@ MODES = {"full": full_cases, "infer": infer_cases, "lora": lora_cases}
 
 
 def run(a, device) -> dict:
-    cfg = wan_config(a.tiny, a.model)
+    cfg = wan_config(a.tiny, a.model, a.attention, a.attention_window, a.attention_tile)
     cases = MODES[a.mode](a, cfg, device)
     out = {}
     for name in a.cases:
@@ -302,6 +312,11 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true", help="also record the top CUDA kernels of 2 steps per case")
     p.add_argument("--ac-every", type=int, default=2)
     p.add_argument("--sdpa", default="cudnn", help="SDPA backend for both (auto, cudnn, flash, efficient, math)")
+    p.add_argument("--attention", default="dense", choices=("dense", "sta"),
+                   help="our self-attention (sta: sliding tile attention, as vfm generate --attention sta and "
+                        "lora_wan_1_3b_sparse); diffusers' stays dense")
+    p.add_argument("--attention-window", default="3x3x3", help="sta: key tiles around each query tile (TxHxW)")
+    p.add_argument("--attention-tile", default="4x8x4", help="sta: latent tokens per tile (TxHxW)")
     p.add_argument("--cases", default="ours,diffusers", help="which to run (comma list)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -323,13 +338,15 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     if device.type == "cuda":
         set_sdpa_backend(a.sdpa)
-    cfg = wan_config(a.tiny, a.model)
+    cfg = wan_config(a.tiny, a.model, a.attention, a.attention_window, a.attention_tile)
     tokens = 1
     for n, pt in zip(a.latent, cfg.patch_size):
         tokens *= n // pt
     result = {**environment(device, a.commit), "mode": a.mode, "model": "tiny" if a.tiny else a.model,
               "latent": list(a.latent), "tokens": tokens, "batch": a.batch, "precision": a.precision,
               "compile": a.compile, "ac": a.ac if a.mode != "infer" else None, "sdpa": a.sdpa,
+              "attention": a.attention if a.attention == "dense" else
+              f"{a.attention} window {a.attention_window} tile {a.attention_tile} (ours; diffusers dense)",
               "results": run(a, device)}
     if a.mode == "lora":
         result.update(lora_rank=a.lora_rank, lora_alpha=a.lora_alpha,

@@ -39,3 +39,16 @@ def test_the_default_checkpointing_is_the_recipes():
         assert strategy.activation_checkpointing == wan_step.RECIPE_AC[mode, model]
         assert strategy.compile in (True, "auto")  # compiled on CUDA
         assert wan_step.parse_args(["--mode", mode, "--model", model]).ac == strategy.activation_checkpointing
+
+
+def test_sta_attention_is_ours_only(tmp_path):
+    """--attention sta: our network runs sliding tile attention (a different result than dense), diffusers' stays
+    dense, and the JSON says which."""
+    out = tmp_path / "s.json"
+    argv = ["--device", "cpu", "--tiny", "--mode", "infer", "--latent", "4,8,8", "--steps", "1", "--warmup", "1",
+            "--attention", "sta", "--attention-window", "1x1x1", "--attention-tile", "2x2x2", "--out", str(out)]
+    assert wan_step.main(argv) == 0
+    d = json.loads(out.read_text())
+    assert d["attention"] == "sta window 1x1x1 tile 2x2x2 (ours; diffusers dense)" and d["results"]["ours"]["ms"] > 0
+    cfg = wan_step.wan_config(True, attention="sta", window="1x1x1", tile="2x2x2")
+    assert cfg.attention == "sta" and cfg.attention_window == (1, 1, 1) and cfg.attention_tile == (2, 2, 2)
