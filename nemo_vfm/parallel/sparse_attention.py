@@ -274,8 +274,22 @@ def masked_dense_attention(
 
 
 @functools.cache
+@functools.cache
 def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
+
+
+def sta_flex_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout,
+                   block_mask: BlockMask) -> torch.Tensor:
+    """STA of (B, H, N, D) raster-order q, k, v through FlexAttention with a prebuilt ``block_mask``
+    (:func:`sta_block_mask`): traced as is into a compiled graph (the tile reordering fused with it), else
+    through the compiled kernel. CUDA only."""
+    if layout.tile_volume % CUDA_BLOCK:
+        raise ValueError(f"FlexAttention on CUDA needs tiles of a multiple of {CUDA_BLOCK} tokens; tile {layout.tile} "
+                         f"has {layout.tile_volume}: use e.g. (2, 8, 8), (4, 8, 4) or (4, 8, 8)")
+    flex = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+    out = flex(to_tiles(q, layout), to_tiles(k, layout), to_tiles(v, layout), block_mask=block_mask)
+    return from_tiles(out, layout)
 
 
 def _flex(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:

@@ -265,6 +265,30 @@ def test_recipes_turn_sparse_attention_on_and_train(tmp_path):
     assert out["step"] == 1
 
 
+def test_sta_core_takes_the_in_graph_path_with_a_prebuilt_mask(monkeypatch):
+    """On CUDA the model hands each STA core its grid and block mask before the blocks run, and the core calls
+    FlexAttention with that mask where a compiled block traces it (no graph break). Off CUDA no mask is built;
+    here the CUDA branch runs on the CPU with eager FlexAttention (forward only) and equals masked dense."""
+    from nemo_vfm.models.common.attention import SparseSettings
+    from nemo_vfm.parallel.sparse_attention import sta_block_mask
+
+    grid, tile, window = (4, 8, 16), (2, 8, 8), (1, 1, 1)  # 2 x 1 x 2 tiles of 128 tokens
+    core = SparseAttentionCore(SparseSettings(kind="sta", tile=tile, window=window, sparsity=0.9))
+    core.set_grid(grid, torch.device("cpu"))
+    assert core.grid == grid and core._sta is None
+    pattern = SparsePattern(kind="sta", grid_thw=grid, tile=tile, window=window)
+    core._sta = (pattern.layout, sta_block_mask(pattern, "cpu"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # as inside a compiled block
+    calls = []
+    monkeypatch.setattr(core, "_forward_outside_graph", lambda *a: calls.append(a))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 512, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        _close(core(q, k, v), masked_dense_attention(q, k, v, pattern), tol=1e-5)
+        core(q, k, v, torch.ones(1, 1, 1, 512, dtype=torch.bool))  # a mask (CP padding) leaves the graph
+    assert len(calls) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["sta", "vsa"])

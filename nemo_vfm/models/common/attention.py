@@ -24,7 +24,14 @@ from torch import nn
 
 from nemo_vfm.models.common.embeddings import apply_rope
 from nemo_vfm.models.common.packed import PackedAttention
-from nemo_vfm.parallel.sparse_attention import SparsePattern, sparse_attention, vsa_coarse, vsa_topk
+from nemo_vfm.parallel.sparse_attention import (
+    SparsePattern,
+    sparse_attention,
+    sta_block_mask,
+    sta_flex_tiles,
+    vsa_coarse,
+    vsa_topk,
+)
 from nemo_vfm.parallel.video_tiles import TileLayout, to_tiles
 
 ATTENTION_KINDS = ("dense", "sta", "vsa")
@@ -132,6 +139,15 @@ class SparseAttentionCore(nn.Module):
         super().__init__()
         self.settings, self.backend = settings, backend
         self.grid: tuple[int, int, int] | None = None
+        self._sta = None  # (TileLayout, BlockMask) of the grid on CUDA: built outside the compiled block graphs
+
+    def set_grid(self, grid: tuple[int, int, int], device: torch.device | None = None) -> None:
+        """The (t, h, w) patch grid of this forward; on CUDA an STA pattern's block mask is built (cached) here,
+        so that compiled blocks trace FlexAttention with it instead of breaking their graph."""
+        self.grid, self._sta = grid, None
+        if self.settings.kind == "sta" and device is not None and device.type == "cuda" and self.backend != "dense":
+            pattern = self.pattern()
+            self._sta = (pattern.layout, sta_block_mask(pattern, device))
 
     def pattern(self) -> SparsePattern:
         s = self.settings
@@ -144,10 +160,17 @@ class SparseAttentionCore(nn.Module):
         n = TileLayout(self.grid, s.tile).num_tiles
         return SparsePattern(kind="vsa", grid_thw=self.grid, tile=s.tile, topk=vsa_topk(s.sparsity, n))
 
-    # Outside the compiled block graphs: the kernels compile FlexAttention themselves (compiled blocks that trace
-    # the block-mask build into their graph failed to lower flex_attention in torch 2.11 on an H100)
-    @torch.compiler.disable
     def forward(self, q, k, v, mask=None) -> torch.Tensor:
+        n = q.shape[2]
+        if self._sta is not None and mask is None and k.shape[2] == n == math.prod(self.grid):
+            return sta_flex_tiles(q, k, v, *self._sta)  # STA on CUDA: traced into a compiled block
+        return self._forward_outside_graph(q, k, v, mask)
+
+    # Outside the compiled block graphs: VSA's data-dependent block masks, padded and CPU inputs (the kernels
+    # compile FlexAttention themselves; compiled blocks that trace the block-mask build into their graph failed to
+    # lower flex_attention in torch 2.11 on an H100)
+    @torch.compiler.disable
+    def _forward_outside_graph(self, q, k, v, mask=None) -> torch.Tensor:
         if isinstance(mask, PackedAttention):
             raise NotImplementedError(f"attention={self.settings.kind!r} on packed batches is not implemented (one "
                                       "tile pattern needs one latent grid); train on unpacked batches or use dense "
@@ -183,12 +206,13 @@ def self_attention_core(sparse: SparseSettings | None = None) -> nn.Module:
     return SDPACore() if sparse is None else SparseAttentionCore(sparse)
 
 
-def set_attention_grid(model: nn.Module, grid: tuple[int, int, int]) -> None:
-    """Tell every sparse self-attention core of ``model`` the (t, h, w) patch grid of this forward."""
+def set_attention_grid(model: nn.Module, grid: tuple[int, int, int], device: torch.device | None = None) -> None:
+    """Tell every sparse self-attention core of ``model`` the (t, h, w) patch grid of this forward and the device
+    of its tokens (CUDA: STA's block mask is built here, outside the compiled blocks)."""
     grid = tuple(int(g) for g in grid)
     for m in model.modules():
         if isinstance(m, SparseAttentionCore):
-            m.grid = grid
+            m.set_grid(grid, device)
 
 
 def vsa_gate(hidden_size: int, sparse: SparseSettings | None) -> nn.Linear | None:

@@ -146,7 +146,7 @@ class DiT(DiTStem):
         """Patch tokens ``(B, S, D)`` -> ``(tokens (B, S, D), c (B, D))``: positions, conditioning, blocks."""
         tokens, rope, c, shared = self.embed(tokens, grid, timesteps, class_labels, fps)
         if self.cfg.attention != "dense":
-            set_attention_grid(self, grid)
+            set_attention_grid(self, grid, tokens.device)
         for block in self.blocks:
             tokens = block(tokens, c, rope, context, context_mask, shared)
         return tokens, c

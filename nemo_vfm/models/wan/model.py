@@ -331,7 +331,7 @@ class WanModel(nn.Module):
         ctx = self.embed_text(context, context_mask)
         img = self.img_emb(image_embeds.to(ctx.dtype)) if cfg.is_i2v else None
         if cfg.attention != "dense":
-            set_attention_grid(self, grid)
+            set_attention_grid(self, grid, x.device)
         for block in self.blocks:
             tokens = block(tokens, c, rope, ctx, img)
         out = self.head(tokens, e)  # (B, S, pt*ph*pw*C_out)
