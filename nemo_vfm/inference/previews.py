@@ -9,8 +9,14 @@ def training_previews(data, sampling, fps):
     and decoded by the data's tokenizer (every rank), then written (rank 0). When the captions are
     synthetic-shapes captions, the videos are scored against them (:mod:`nemo_vfm.evaluation.shapes`): the
     per-video table goes to ``stem.json``, the rates to the logs."""
+    import importlib.util
+
     from nemo_vfm.evaluation.shapes import is_shapes_caption, metric_logs, score_videos
     from nemo_vfm.inference.generate import generate_videos, write_videos
+
+    if importlib.util.find_spec("av") is None:  # found now, not after the steps before the first preview
+        raise ModuleNotFoundError("sampling previews are written as mp4 with PyAV, which is not installed: "
+                                  "pip install av (a dependency of nemo-vfm), or set sampling.enabled=false")
 
     def sample(module):
         tokenizer, text_encoder = data.build_encoders()
