@@ -9,6 +9,11 @@ captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
     python bench/learning_check.py --preset quickstart --steps 5 --device cpu
     # ablations: any field of the configs, e.g. the EDM noise distribution
     python bench/learning_check.py --preset quickstart --set objective.p_mean=-1.2 --set objective.sigma_data=0.2
+    # sparse attention (STA, 37.5% of the tile pairs at the gpu preset's 16 x 16 x 16 grid)
+    python bench/learning_check.py --preset gpu --set model.attention=sta --set "model.attention_tile=[2,8,8]" \
+        --set "model.attention_window=[3,3,3]"
+    # the training losses of finished runs side by side
+    python bench/learning_check.py --compare dense=RUN_A sta=RUN_B --out losses.png
 
 Writes ``OUT/learning_check.json`` (device, date, commit, command, config, loss per step, the metric per
 evaluation, wall time) and ``OUT/learning_check.png`` (loss curve and pass rate over steps).
@@ -130,8 +135,39 @@ def plot(result: dict, out_png: Path) -> Path:
     return out_png
 
 
+def compare_losses(runs: dict[str, Path], out_png: Path, window: int = 100) -> Path:
+    """Training-loss curves of several runs' ``metrics.jsonl`` (folders), each smoothed over ``window`` steps, in
+    one plot (e.g. dense vs sparse attention with the same preset and steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from nemo_vfm.lightning.callbacks import read_metrics
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=110)
+    for label, folder in runs.items():
+        rows = [r for r in read_metrics(Path(folder) / "metrics.jsonl") if "loss" in r]
+        if not rows:
+            raise ValueError(f"{folder}/metrics.jsonl has no loss rows")
+        steps, loss = np.array([r["step"] for r in rows]), np.array([r["loss"] for r in rows])
+        w = max(1, min(window, len(loss)))
+        ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), lw=1.0, label=f"{label} ({w}-step mean)")
+    ax.set(xlabel="step", ylabel="training loss", yscale="log", title="training loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png)
+    plt.close(fig)
+    return Path(out_png)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", nargs="+", metavar="LABEL=RUN_DIR",
+                   help="only plot the training losses of finished runs side by side (to --out, a .png)")
     p.add_argument("--preset", default="gpu", choices=("gpu", "quickstart"))
     p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
     p.add_argument("--eval-every", type=int, default=0, help="score samples every N steps (default: steps / 2; "
@@ -143,6 +179,10 @@ def main(argv=None) -> int:
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD; pass it where the "
                    "checkout has no git history, e.g. a copied tree)")
     args = p.parse_args(argv)
+    if args.compare:
+        runs = dict(item.split("=", 1) for item in args.compare)
+        print(f"wrote {compare_losses(runs, Path(args.out or 'learning_check/losses.png'))}")
+        return 0
 
     import torch
 

@@ -5,7 +5,8 @@ The weights come from a Cosmos-Predict2.5 diffusers folder (``model.pretrained=D
 ``transformer/``, or the transformer folder itself). The data is ``vfm prepare`` output with the Wan 2.1 VAE
 (``tokenizer=wan`` with the Predict2.5 folder's ``vae/``: 16 channels, 4x8x8) and the Qwen2.5-VL text states
 (``text_encoder=qwen2_5_vl``: all layers normalized and concatenated, 100,352 wide, 512 tokens: large on disk). GPU
-speed and memory of these recipes are not measured yet; their layouts follow the Wan recipes of the same size.
+speed of the 2B recipes on one H100 at 480 x 832 x 93 frames: docs/models.md (``bench/family_step.py``); the 14B
+recipe's layout follows ``finetune_wan_14b`` and is not measured.
 
 CLI::
 
@@ -77,7 +78,8 @@ def _finetune_cosmos(flavor: str, name: str) -> run.Partial:
 @run.cli.factory(target=train)
 def lora_cosmos_predict2_5_2b() -> run.Partial:
     """LoRA (rank 32, alpha 32) on the attention and MLP linears of Cosmos-Predict2.5-2B; one GPU, compiled blocks,
-    activation checkpointing ``"save_attention"`` (the layout of ``lora_wan_1_3b``; GPU speed not yet measured).
+    activation checkpointing ``"save_attention"``. One H100 at 480 x 832 x 93 frames (37,440 tokens): 2.86 s/step,
+    24.5 GiB, 1.59x diffusers + peft (measured 2026-11-26, ``bench/family_step.py``).
     CLI: ``python launchers/train.py --factory lora_cosmos_predict2_5_2b --yes model.pretrained=DIR data.path=PREPARED``
     Python: ``recipe = cosmos.lora_cosmos_predict2_5_2b(); recipe.lora.rank = 64``
     """
@@ -90,7 +92,8 @@ def lora_cosmos_predict2_5_2b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_cosmos_predict2_5_2b() -> run.Partial:
     """Full fine-tuning of Cosmos-Predict2.5-2B: FSDP2 over the GPUs given (bf16 compute, fp32 reduce), activation
-    checkpointing ``"save_attention"``; GPU speed and memory not yet measured.
+    checkpointing ``"save_attention"``. One H100 at 480 x 832 x 93 frames: 3.34 s/step, 43.5 GiB, 1.33x diffusers
+    (measured 2026-11-26, ``bench/family_step.py``).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_cosmos_predict2_5_2b --yes model.pretrained=DIR``
     Python: ``recipe = cosmos.finetune_cosmos_predict2_5_2b(); recipe.objective.frame_probs = (0.0, 0.5, 0.5)``
     """
@@ -101,7 +104,7 @@ def finetune_cosmos_predict2_5_2b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_cosmos_predict2_5_14b() -> run.Partial:
     """Full fine-tuning of Cosmos-Predict2.5-14B: FSDP2 + context parallel 2 (ring) + full activation checkpointing,
-    the layout of ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed and memory not yet measured.
+    the layout of ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed and memory not measured.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_cosmos_predict2_5_14b --yes model.pretrained=DIR``
     Python: ``recipe = cosmos.finetune_cosmos_predict2_5_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """

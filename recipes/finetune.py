@@ -23,7 +23,8 @@ Python::
 Wan 2.2: TI2V-5B trains text-to-video and (a share ``objective.image_prob`` of the samples) text-image-to-video
 with a clean first frame, on latents of the Wan 2.2 VAE (``vfm prepare tokenizer=wan2_2``). An A14B model is two
 experts; a run trains one (``model.expert`` picks its weights, ``objective.expert`` its time range; set both, or
-``with_expert(recipe, "low")``). GPU speed and memory of the Wan 2.2 recipes are not measured yet.
+``with_expert(recipe, "low")``). The LoRA steps of TI2V-5B and A14B are measured on one H100 (docs/models.md,
+``bench/family_step.py``); the full fine-tuning recipes' speed is not.
 """
 
 import nemo_run as run
@@ -179,7 +180,8 @@ def lora_wan_1_3b() -> run.Partial:
 def lora_wan_1_3b_sparse() -> run.Partial:
     """``lora_wan_1_3b`` with sliding tile attention: tiles of 4 x 8 x 4 latent tokens, each query tile attending to
     the 3 x 3 x 3 tiles around it (8.7% of the pairs at 480p x 81 frames: 3.57x cuDNN dense attention forward +
-    backward on an H100, docs/benchmarks.md; the training step and the quality are not measured yet).
+    backward on an H100, docs/benchmarks.md). One H100 at 480p x 81 frames: 1.05 s/step, 2.76x diffusers + peft
+    (dense: 1.84 s; measured 2026-11-26, ``bench/family_step.py``); the quality check is not finished (docs/models.md).
     CLI: ``python launchers/train.py --factory lora_wan_1_3b_sparse --yes model.pretrained=DIR model.attention_window=[3,3,5]``
     Python: ``recipe = finetune.with_sparse_attention(finetune.lora_wan_1_3b(), window=(3, 3, 5))``
     """
@@ -204,7 +206,7 @@ def lora_wan_14b() -> run.Partial:
 def finetune_wan2_2_ti2v_5b() -> run.Partial:
     """Full fine-tuning of Wan2.2-TI2V-5B (one network; half of the samples image-conditioned by their clean first
     latent frame, ``objective.image_prob``) on Wan 2.2 VAE latents (``vfm prepare tokenizer=wan2_2``): FSDP2 over
-    the GPUs given, full activation checkpointing. GPU speed and memory not yet measured.
+    the GPUs given, full activation checkpointing. GPU speed and memory not measured.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan2_2_ti2v_5b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.finetune_wan2_2_ti2v_5b(); recipe.objective.image_prob = 0.3``
     """
@@ -215,7 +217,8 @@ def finetune_wan2_2_ti2v_5b() -> run.Partial:
 def lora_wan2_2_ti2v_5b() -> run.Partial:
     """LoRA (rank 32) on the attention and MLP linears of Wan2.2-TI2V-5B, text- and image-to-video samples mixed
     (``objective.image_prob``); compiled blocks, activation checkpointing ``"save_attention"``, one GPU (the layout
-    of ``lora_wan_1_3b``; GPU speed and memory not yet measured).
+    of ``lora_wan_1_3b``). One H100 at 704 x 1280 x 121 frames (27,280 tokens): 3.03 s/step, 37.2 GiB, 1.63x
+    diffusers + peft (measured 2026-11-26, ``bench/family_step.py``).
     CLI: ``python launchers/train.py --factory lora_wan2_2_ti2v_5b --yes model.pretrained=DIR data.path=PREPARED``
     Python: ``recipe = finetune.lora_wan2_2_ti2v_5b(); recipe.lora.rank = 64``
     """
@@ -234,7 +237,8 @@ def _lora_a14b(flavor: str, name: str) -> run.Partial:
 def lora_wan2_2_t2v_a14b() -> run.Partial:
     """LoRA (rank 32) on one expert of Wan2.2-T2V-A14B (default the high-noise ``transformer/``, times in [0.875, 1];
     ``model.expert=low objective.expert=low`` for ``transformer_2/``, times below 0.875); the frozen base in bf16,
-    FSDP2, activation checkpointing ``"save_attention"`` (the layout of ``lora_wan_14b``; GPU speed not yet measured).
+    FSDP2, activation checkpointing ``"save_attention"`` (the layout of ``lora_wan_14b``). One H100 at 480p x 81
+    frames: 9.07 s/step, 63.4 GiB, 1.54x diffusers + peft (measured 2026-11-26, ``bench/family_step.py``).
     CLI: ``python launchers/train.py --factory lora_wan2_2_t2v_a14b --yes model.pretrained=DIR model.expert=low objective.expert=low``
     Python: ``recipe = finetune.with_expert(finetune.lora_wan2_2_t2v_a14b(), "low")``
     """
@@ -245,7 +249,7 @@ def lora_wan2_2_t2v_a14b() -> run.Partial:
 def lora_wan2_2_i2v_a14b() -> run.Partial:
     """LoRA (rank 32) on one expert of Wan2.2-I2V-A14B (boundary 0.9; ``model.expert`` / ``objective.expert`` as in
     ``lora_wan2_2_t2v_a14b``): the batches carry ``cond_latents`` (4 mask + 16 image-latent channels, as
-    ``WanImageToVideoPipeline`` builds them; no CLIP tokens). Frozen bf16 base, FSDP2; GPU speed not yet measured.
+    ``WanImageToVideoPipeline`` builds them; no CLIP tokens). Frozen bf16 base, FSDP2; not measured on a GPU (the T2V expert's step: ``lora_wan2_2_t2v_a14b``).
     ``data.path``: a dataset prepared with ``vfm prepare ... image_condition=wan_i2v`` (the first-frame latents).
     CLI: ``python launchers/train.py --factory lora_wan2_2_i2v_a14b --yes model.pretrained=DIR data.path=PREPARED``
     Python: ``recipe = finetune.with_expert(finetune.lora_wan2_2_i2v_a14b(), "low")``
@@ -257,7 +261,7 @@ def lora_wan2_2_i2v_a14b() -> run.Partial:
 def finetune_wan2_2_t2v_a14b() -> run.Partial:
     """Full fine-tuning of one expert of Wan2.2-T2V-A14B (default high noise; ``model.expert=low
     objective.expert=low`` for the other): FSDP2 + context parallel 2 + full activation checkpointing, the layout of
-    ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed not yet measured. Both experts in one run: not implemented.
+    ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed not measured. Both experts in one run: not implemented.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan2_2_t2v_a14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.with_expert(finetune.finetune_wan2_2_t2v_a14b(), "low")``
     """

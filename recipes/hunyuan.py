@@ -8,7 +8,7 @@ Qwen2.5-VL text encoder yet, so those states must be prepared outside it. I2V sa
 (33, t, h, w)`` (the first frame's latent in frame 0 of 32 channels and a frame-0 mask channel) and ``image_embeds
 (729, 1152)`` (SigLIP); T2V samples leave both out (the network then feeds zeros, as the release does).
 The objective is the release's: :class:`FlowMatching` with uniform times shifted by the flavor's shift (5.0 at
-480p). GPU speed and memory of these recipes are not measured yet.
+480p). ``lora_hunyuanvideo_1_5`` measured on one H100 (docs/models.md); the full recipe's speed is not measured.
 
 CLI::
 
@@ -68,8 +68,9 @@ def _finetune(flavor: str, name: str) -> run.Partial:
 def finetune_hunyuanvideo_1_5() -> run.Partial:
     """Full fine-tuning of HunyuanVideo-1.5 (480p T2V architecture; the I2V weights train the same way with I2V
     data): FSDP2 over the GPUs given (bf16 compute, fp32 reduce), full activation checkpointing. Tensor parallel
-    works too (``trainer.strategy.tensor_model_parallel_size=2``); context and sequence parallelism are not
-    implemented for this family. GPU speed and memory not yet measured.
+    works too (``trainer.strategy.tensor_model_parallel_size=2``), and all-to-all context parallelism
+    (``trainer.strategy.context_parallel_size=N trainer.strategy.context_parallel_kind=a2a``); sequence parallelism
+    and ring CP are not implemented for this family. GPU speed and memory not measured.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_hunyuanvideo_1_5 --yes model.pretrained=DIR``
     Python: ``recipe = hunyuan.finetune_hunyuanvideo_1_5(); recipe.model.pretrained = DIR``
     """
@@ -79,8 +80,9 @@ def finetune_hunyuanvideo_1_5() -> run.Partial:
 @run.cli.factory(target=train)
 def lora_hunyuanvideo_1_5() -> run.Partial:
     """LoRA (rank 32, alpha 32) on the attention and MLP linears of both streams of HunyuanVideo-1.5's double
-    blocks; the frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing. GPU speed and memory
-    not yet measured.
+    blocks; the frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing. One H100 at
+    480 x 848 x 121 frames (49,290 tokens): 15.8 s/step, 35.4 GiB, 1.99x diffusers + peft (measured 2026-11-26,
+    ``bench/family_step.py``).
     CLI: ``python launchers/train.py --factory lora_hunyuanvideo_1_5 --yes model.pretrained=DIR lora.rank=64``
     Python: ``recipe = hunyuan.lora_hunyuanvideo_1_5(); recipe.lora.rank = 64``
     """

@@ -67,3 +67,19 @@ def test_set_rejects_unknown_fields():
         lc._set(cfg, "objective.bogus=1")
     with pytest.raises(ValueError, match="no section"):
         lc._set(cfg, "nope.x=1")
+
+
+def test_compare_plots_the_losses_of_finished_runs(tmp_path):
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        rows = [{"step": s, "loss": scale / s} for s in range(1, 51)] + [{"step": 50, "samples/pass_rate": 1.0}]
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "cmp.png"
+    assert lc.main(["--compare", f"dense={tmp_path / 'a'}", f"sta={tmp_path / 'b'}", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "metrics.jsonl").write_text(json.dumps({"step": 1, "samples/pass_rate": 0.5}) + "\n")
+    import pytest
+
+    with pytest.raises(ValueError, match="no loss rows"):
+        lc.compare_losses({"x": tmp_path / "c"}, tmp_path / "x.png")
