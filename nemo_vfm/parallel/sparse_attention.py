@@ -274,7 +274,6 @@ def masked_dense_attention(
 
 
 @functools.cache
-@functools.cache
 def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
