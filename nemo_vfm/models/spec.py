@@ -4,6 +4,7 @@ declares its ``SPEC``; :mod:`nemo_vfm.models.families` lists them. Adding a fami
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,9 +77,5 @@ def check_unpipelined_layout(cfg, dims, latent_shape: tuple[int, int, int] | Non
     if dims.pp > 1:
         raise ValueError(f"{family} has no pipeline-parallel plan (pp={dims.pp}); use pipeline_model_parallel_size=1 "
                          f"with FSDP2, context parallel and/or tensor parallel instead.")
-    tokens = None
-    if latent_shape is not None:
-        tokens = 1
-        for n, p in zip(latent_shape, cfg.patch_size):
-            tokens *= n // p
+    tokens = None if latent_shape is None else math.prod(n // p for n, p in zip(latent_shape, cfg.patch_size))
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=True)

@@ -17,6 +17,7 @@ Packed batches and token counts that do not divide cp*tp(sp) go through the DiT'
 from __future__ import annotations
 
 import functools
+import math
 
 from torch import nn
 
@@ -53,11 +54,7 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
     if cfg.num_kv_heads % dims.tp:
         raise ValueError(f"num_kv_heads={cfg.num_kv_heads} is not divisible by tensor parallel size tp={dims.tp}; "
                          f"pick tp among the divisors of {cfg.num_kv_heads}.")
-    tokens = None
-    if latent_shape is not None:
-        tokens = 1
-        for n, p in zip(latent_shape, cfg.patch_size):
-            tokens *= n // p
+    tokens = None if latent_shape is None else math.prod(n // p for n, p in zip(latent_shape, cfg.patch_size))
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens,
                      pad_tokens=dims.pp == 1)  # padded under CP/SP, as for the DiT
     check_moe(cfg, dims)
