@@ -191,18 +191,18 @@ def main(argv=None) -> int:
             p.error(f"unknown case(s) {unknown}; the cases are {sorted(cases)}")
         cases = {n: cases[n] for n in names}
     budgets = [float(b) for b in args.budgets.split(",")]
+    env = {**environment(args.device, args.commit), "command": shlex.join(["python", *sys.argv]),
+           "emulation": "card size = torch.cuda.set_per_process_memory_fraction(budget / total memory); random "
+                        "weights and latents" if args.device == "cuda" else "CPU: no memory cap"}
+    out = Path(args.out)
     results = []
     for name, case in cases.items():
         for budget in budgets:
             results.append(r := run_case(name, case, budget, args))
             print(f"{name} @ {budget:g} GiB: {r['error'] or 'fits'} step_s={r.get('step_s')} "
                   f"peak={r.get('peak_mem_gib')} | {(r['chosen'] or ['-'])[0]}", flush=True)
-    env = {**environment(args.device, args.commit), "command": shlex.join(["python", *sys.argv]),
-           "emulation": "card size = torch.cuda.set_per_process_memory_fraction(budget / total memory); random "
-                        "weights and latents" if args.device == "cuda" else "CPU: no memory cap"}
-    out = Path(args.out)
-    write_json(str(out), env, results)
-    out.with_suffix(".md").write_text(table(results) + "\n")
+            write_json(str(out), env, results)  # after every run: a killed matrix keeps what it measured
+            out.with_suffix(".md").write_text(table(results) + "\n")
     plot(results, out.with_suffix(".png"))
     print(table(results))
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
