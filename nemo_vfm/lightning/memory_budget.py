@@ -7,8 +7,9 @@ What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_atte
 ``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
 ``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
 installed). **Rule: every one of these knobs is chosen, the recipe's values included (ties go to the fewest changes,
-so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``) stay as set.** Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits is taken
-(ties: fewest changes, then least memory). One line per faster candidate that does not fit is printed.
+so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``) stay as set.**
+Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits ``(1 - HEADROOM)`` x the
+budget is taken (ties: fewest changes, then least memory). One line per faster candidate that does not fit is printed.
 
 The memory model (per GPU, GiB = 2**30 bytes; an estimate, not a measurement). Parameter counts come from the
 network built on the meta device (no memory allocated), with LoRA adapters applied, per block and outside the blocks:
@@ -38,8 +39,7 @@ selective/save_attention 1.06; measured 1.18 and 1.04). Host copies (``HOST_LINK
 block_swap run the blocks eager (``nemo_vfm.parallel.config.ParallelConfig.resolve_compile``): ``EAGER`` where they
 would be compiled (our Wan 1.3B LoRA step spends 192 ms of 1,835 in fused Triton element-wise kernels where
 diffusers' eager step spends 709: (1835 - 192 + 709) / 1835 = 1.28). fp8 bases (dequantised every matmul)
-``FP8_DEQUANT``, fp32 ones under autocast (cast at every matmul) ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT``.
-None of these factors is measured on a GPU yet.
+``FP8_DEQUANT``, fp32 ones under autocast ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT`` (not measured one by one).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ GIB = 1024**3
 ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed block keeps (fit, see above)
 OUTSIDE_RESIDUALS = 4  # token x hidden bf16 tensors outside the blocks (embedding, head, residual gradient)
 OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation (fit, see above)
+HEADROOM = 0.10  # estimates must fit (1 - HEADROOM) x budget: Wan-14B LoRA estimated at 23.7 GiB ran out of 24 (H100)
 EFFECTIVE_TFLOPS = 400.0  # bf16 model TFLOP/s of a step on an H100 (DiT-7B on one H100: 44% MFU = 435, DESIGN.md)
 HOST_LINK_GBPS = 25.0  # pinned host <-> device copies, one direction (PCIe 4/5 x16 in practice; not measured here)
 CPU_ADAM_PARAMS_PER_S = 1e9  # host AdamW throughput (parameters per second; a guess, not measured)
@@ -276,8 +277,9 @@ class Choice:
     slowdown: float
     rejected: tuple[tuple[MemorySettings, float, float], ...]
 
-    def report(self, budget_gib: float, current: MemorySettings | None = None) -> str:
-        lines = [f"memory budget {budget_gib:g} GiB: {self.settings.describe(current)} (estimated {self.gib:.1f} GiB, "
+    def report(self, budget_gib: float, current: MemorySettings | None = None, fit_gib: float | None = None) -> str:
+        lines = [f"memory budget {budget_gib:g} GiB{'' if fit_gib is None else f' (estimates fit {fit_gib:.1f})'}: "
+                 f"{self.settings.describe(current)} (estimated {self.gib:.1f} GiB, "
                  f"slowdown x{self.slowdown:.2f}; estimates, see nemo_vfm/lightning/memory_budget.py)"]
         lines += [f"  rejected, faster but over budget: {s.describe(current)}: {g:.1f} GiB (x{f:.2f})"
                   for s, g, f in self.rejected]
@@ -382,9 +384,9 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     opts = options(w, fixed, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
-    choice = choose(w, budget_gb, opts, current)
+    choice = choose(w, target := budget_gb * (1 - HEADROOM), opts, current)
     if verbose:
-        print(choice.report(budget_gb, current))
+        print(choice.report(budget_gb, current, fit_gib=target))
     s = choice.settings
     changes = {k: getattr(s, k) for k in STRATEGY_KNOBS if getattr(s, k) != getattr(cfg, k)}
     if changes and isinstance(strategy, str):

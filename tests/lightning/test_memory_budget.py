@@ -10,6 +10,7 @@ import pytest
 
 from nemo_vfm.lightning.memory_budget import (
     DEFAULTS,
+    HEADROOM,
     MemorySettings,
     apply_memory_budget,
     choose,
@@ -148,7 +149,7 @@ def test_apply_sets_the_chosen_knobs_on_the_configs(capsys):
     lora = LoRAConfig(rank=2, frozen_dtype="bf16")
     w = workload(model, data, lora)
     budget = (estimate_gib(w, MemorySettings(frozen_dtype="bf16")) +
-              estimate_gib(w, MemorySettings(frozen_dtype="bf16", activation_checkpointing="full"))) / 2
+              estimate_gib(w, MemorySettings(frozen_dtype="bf16", activation_checkpointing="full"))) / 2 / (1 - HEADROOM)
     trainer, optim = TrainerConfig(accelerator="cpu", devices=1), OptimConfig()
     choice = apply_memory_budget(budget, model=model, data=data, trainer=trainer, optim=optim, lora=lora)
     assert isinstance(trainer.strategy, VFMParallelStrategy)
@@ -159,7 +160,8 @@ def test_apply_sets_the_chosen_knobs_on_the_configs(capsys):
     assert s != MemorySettings(frozen_dtype="bf16") and lora.frozen_dtype == "bf16"
     assert trainer.strategy.parallelize_kwargs["activation_checkpointing"] == s.activation_checkpointing
     out = capsys.readouterr().out
-    assert f"memory budget {budget:g} GiB" in out and "rejected, faster but over budget" in out
+    assert f"memory budget {budget:g} GiB (estimates fit {budget * (1 - HEADROOM):.1f})" in out
+    assert "rejected, faster but over budget" in out
 
 
 def test_apply_keeps_the_knobs_named_in_keep_and_chooses_the_rest():
