@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -101,6 +102,13 @@ def classify(log: str, returncode: int) -> str | None:
     return f"failed (exit {returncode})"
 
 
+def own_env() -> dict:
+    """This environment less a rendezvous the parent may carry (an earlier in-process run's ``MASTER_PORT`` would
+    make the child's process group try a port that is still taken): each child is its own one-process run."""
+    drop = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def run_case(name: str, case: tuple, budget: float, args) -> dict:
     factory, latent, extra = case
     with tempfile.TemporaryDirectory(prefix="vfm-mem-") as tmp:
@@ -114,7 +122,7 @@ def run_case(name: str, case: tuple, budget: float, args) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
         t0 = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT, env=own_env())
             log, rc = p.stdout + p.stderr, p.returncode
         except subprocess.TimeoutExpired as e:
             out = e.stdout or ""

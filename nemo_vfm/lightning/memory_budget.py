@@ -210,8 +210,7 @@ def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float
 def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
     """Estimated peak bytes per GPU of ``w`` under ``s``, by part (see the module docstring)."""
     shards, blocks = w.model_shards, w.blocks
-    trainable = sum(p.trainable for p in blocks) + w.outside.trainable
-    optim = 8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES
+    trainable, optim = sum(p.trainable for p in blocks) + w.outside.trainable, 8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES
     frozen = [p.frozen_bytes(s.frozen_dtype) for p in blocks]
     swapped = sum(frozen[: s.block_swap])
     if w.autocast and s.frozen_dtype not in ("bf16", "fp16"):  # a swapped block that is not checkpointed keeps the
@@ -241,8 +240,7 @@ def estimate_gib(w: Workload, s: MemorySettings) -> float:
 def slowdown(w: Workload, s: MemorySettings) -> float:
     """Estimated step time of ``s`` over that of no checkpointing and nothing offloaded (see the module docstring)."""
     moved, _, _ = _kept_activations(w, s.activation_checkpointing)
-    n = len(w.blocks)
-    recompute = sum(_checkpointed(w, s.activation_checkpointing)) / n  # full: 1, selective: its share
+    recompute = sum(_checkpointed(w, s.activation_checkpointing)) / len(w.blocks)  # full: 1, selective: its share
     if s.activation_checkpointing == "save_attention":
         recompute = 1 - w.attention_share
     base_s = 3 * w.forward_flops / (EFFECTIVE_TFLOPS * 1e12)
@@ -316,15 +314,16 @@ def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[in
     return 0, fits
 
 
-def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None) -> Choice:
-    """The fastest candidate of ``opts`` (see :func:`options`) that fits ``budget_gib``; ties: fewest changes from
-    ``current``, then least memory. Raises ``ValueError`` naming the smallest estimate when nothing fits."""
-    current = current or MemorySettings()
+def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None,
+           headroom: float = 0.0) -> Choice:
+    """The fastest candidate of ``opts`` (see :func:`options`) whose estimate fits ``(1 - headroom) x budget_gib``;
+    ties: fewest changes from ``current``, then least memory. Raises ``ValueError`` naming the smallest estimate."""
+    current, fit = current or MemorySettings(), budget_gib * (1 - headroom)
     base = [k for k in DEFAULTS if k != "block_swap"]
     scored = []
     for combo in itertools.product(*(opts[k] for k in base)):
         s = MemorySettings(**dict(zip(base, combo)))
-        for n in _swaps(w, s, budget_gib, opts["block_swap"]):
+        for n in _swaps(w, s, fit, opts["block_swap"]):
             c = dataclasses.replace(s, block_swap=n)
             if c.cpu_offload and c.block_swap:  # cpu_offload keeps every weight on the host already (refused)
                 continue
@@ -332,15 +331,16 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
             scored.append((round(slowdown(w, c), 4), changes, estimate_gib(w, c), c))
     scored.sort(key=lambda x: x[:3])
     for i, (f, _, g, s) in enumerate(scored):
-        if g <= budget_gib:
+        if g <= fit:
             faster = [(r, rg, rf) for rf, _, rg, r in scored[:i] if rf < f]
             # those no other faster candidate beats in memory as well (the rest tell nothing new)
             shown = [x for x in faster if not any(y[2] <= x[2] and y[1] < x[1] for y in faster)]
             return Choice(s, g, f, tuple(shown))
     f, _, g, s = min(scored, key=lambda x: x[2])
-    raise ValueError(f"nothing fits trainer.memory_budget_gb={budget_gib:g}: the smallest estimate is {g:.1f} GiB "
-                     f"({s.describe(current)}); raise the budget, lower data.batch_size or the clip size, use more GPUs "
-                     "(FSDP shards the weights), or unset the memory knobs you fixed")
+    raise ValueError(f"nothing fits trainer.memory_budget_gb={budget_gib:g}{f' (estimates must fit {fit:.1f})' * bool(headroom)}"
+                     f": the smallest estimate is {g:.1f} GiB ({s.describe(current)}); raise the budget, lower "
+                     "data.batch_size or the clip size, use more GPUs (FSDP shards the weights), or unset the memory "
+                     "knobs you fixed")
 
 
 def _layout(strategy, trainer) -> tuple[object, int, int]:
@@ -384,9 +384,9 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     opts = options(w, fixed, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
-    choice = choose(w, target := budget_gb * (1 - HEADROOM), opts, current)
+    choice = choose(w, budget_gb, opts, current, headroom=HEADROOM)
     if verbose:
-        print(choice.report(budget_gb, current, fit_gib=target))
+        print(choice.report(budget_gb, current, fit_gib=budget_gb * (1 - HEADROOM)))
     s = choice.settings
     changes = {k: getattr(s, k) for k in STRATEGY_KNOBS if getattr(s, k) != getattr(cfg, k)}
     if changes and isinstance(strategy, str):

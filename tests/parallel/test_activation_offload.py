@@ -127,3 +127,18 @@ def test_strategy_wiring_is_a_warned_no_op_on_cpu():
         host = install_offload(net, "cpu", activation_offload=True)
     assert host == []
     assert all(not b._forward_pre_hooks for b in net.blocks)  # nothing installed: the plain path
+
+
+def test_expandable_segments_is_set_once_unless_the_user_configured_the_allocator(monkeypatch):
+    """Offloading on CUDA lets the allocator grow segments (fragmentation ran a 24 GiB Wan-14B run out of memory);
+    a ``PYTORCH_CUDA_ALLOC_CONF`` naming ``expandable_segments`` is the user's choice and stays."""
+    from nemo_vfm.parallel import activation_offload
+
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    activation_offload.expandable_segments()
+    assert calls == ["expandable_segments:True"]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    activation_offload.expandable_segments()
+    assert calls == ["expandable_segments:True"]
