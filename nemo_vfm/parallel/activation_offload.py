@@ -190,6 +190,8 @@ def expandable_segments() -> None:
     """Let the CUDA caching allocator grow segments in place (``expandable_segments:True``, PyTorch's remedy for a
     large "reserved but unallocated" share) unless ``PYTORCH_CUDA_ALLOC_CONF`` says otherwise. Offloading and block
     swapping allocate and free device copies of varying sizes every block: a Wan-14B LoRA run at a 24 GiB cap (one
-    H100) ran out of memory with 2.1 GiB reserved but unallocated. Applies to segments allocated from now on."""
-    if "expandable_segments" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    H100) ran out of memory with 2.1 GiB reserved but unallocated. Applies to segments allocated from now on; not
+    with the ``cudaMallocAsync`` backend (no segments)."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" not in conf and "cudaMallocAsync" not in conf:
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")

@@ -139,6 +139,7 @@ def test_expandable_segments_is_set_once_unless_the_user_configured_the_allocato
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     activation_offload.expandable_segments()
     assert calls == ["expandable_segments:True"]
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
-    activation_offload.expandable_segments()
+    for conf in ("expandable_segments:False", "backend:cudaMallocAsync"):
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
+        activation_offload.expandable_segments()
     assert calls == ["expandable_segments:True"]
