@@ -132,9 +132,9 @@ def run_case(name: str, case: tuple, budget: float, args) -> dict:
         res["error"] = classify(log, rc) if rc != -1 else f"timeout after {args.timeout:.0f} s"
         perf = Path(tmp) / name / "perf.jsonl"
         rows = [json.loads(x) for x in perf.read_text().splitlines() if x.strip()] if perf.is_file() else []
-        timed = rows[1:] or rows
-        if timed:
-            steps = sorted(r["step_time_s"] for r in timed if r.get("step_time_s"))
+        res["last_logged_step"] = rows[-1]["step"] if rows else 0  # how far a run that failed got
+        if rows:  # the first interval holds compilation and warm-up: s/step only from the later ones
+            steps = sorted(r["step_time_s"] for r in rows[1:] if r.get("step_time_s"))
             res["step_s"] = steps[len(steps) // 2] if steps else None
             res["peak_mem_gib"] = max((r.get("peak_mem_gib") or 0) for r in rows) or None
         if res["error"]:
@@ -147,6 +147,8 @@ def table(results: list[dict]) -> str:
     for r in results:
         chosen = r["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0] if r["chosen"] else "-"
         step = f"{r['step_s']:.3f}" if r.get("step_s") else "-"
+        if r["error"] and r.get("last_logged_step"):
+            step += f" (until step {r['last_logged_step']})"
         peak = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") else "-"
         lines.append(f"| {r['case']} | {r['budget_gib']:g} | {'no: ' + r['error'] if r['error'] else 'yes'} | {step} "
                      f"| {peak} | {chosen} |")

@@ -22,6 +22,7 @@ def test_budgets_that_fit_and_that_do_not(tmp_path, monkeypatch):
     small, big = d["results"]
     assert small["error"] == "nothing fits (the chooser's estimate)" and "step_s" not in small
     assert big["error"] is None and big["step_s"] > 0 and big["chosen"][0].startswith("memory budget 4 GiB")
+    assert big["last_logged_step"] == 2 and small["last_logged_step"] == 0
     assert d["commit"] == "abc" and d["emulation"] == "CPU: no memory cap"
     assert "| tiny | 0.5 | no: nothing fits" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0
