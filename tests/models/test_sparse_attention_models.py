@@ -142,6 +142,29 @@ def test_vsa_equals_masked_dense_reference_and_its_gate_starts_at_zero(family):
     assert all(got[1][f"blocks.{i}.{name}.gate_compress.weight"].abs().max() > 0 for i in range(2))
 
 
+@pytest.mark.parametrize("kind", ["sta", "vsa"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dense_blocks_keep_dense_attention_and_the_rest_the_pattern(family, kind):
+    """``attention_dense_blocks=[1]``: block 1 runs dense SDPA (no VSA gate), block 0 the pattern; the network
+    equals the reference with the pattern in block 0 only (forward and every gradient)."""
+    knobs = {"attention_window": (3, 1, 1)} if kind == "sta" else {"attention_sparsity": 0.5}
+    cfg = _config(family, attention=kind, attention_tile=TILE, attention_dense_blocks=[1], **knobs)
+    assert cfg.attention_dense_blocks == (1,)
+    name = FAMILIES[family][2]
+    model = _perturbed(cfg)
+    attns = [getattr(b, name) for b in model.blocks]
+    assert [type(a.core) for a in attns] == [SparseAttentionCore, SDPACore] and attns[1].gate_compress is None
+    pattern = (SparsePattern(kind="sta", grid_thw=GRID, tile=TILE, window=(3, 1, 1)) if kind == "sta" else
+               SparsePattern(kind="vsa", grid_thw=GRID, tile=TILE, topk=vsa_topk(0.5, 16)))
+    ref = _reference(model, family, pattern)
+    del getattr(ref.blocks[1], name).forward  # block 1 of the reference: the module's own (dense) forward
+    got = _run(model)
+    _assert_same(got, _run(ref))
+    all_sparse = _config(family, attention=kind, attention_tile=TILE, **knobs).build()
+    all_sparse.load_state_dict(model.state_dict(), strict=False)  # VSA: block 1's gate stays at zero
+    assert not _close(got[0], _run(all_sparse)[0], 1e-3)  # the dense block matters
+
+
 def test_dense_is_the_default_and_state_dicts_are_unchanged():
     for cls, base, name in FAMILIES.values():
         dense = cls(**base).build()
@@ -158,7 +181,7 @@ def test_dense_is_the_default_and_state_dicts_are_unchanged():
         }
     # a config pickled before these fields existed reads the class defaults: dense
     old = WanConfig(**WAN)
-    for f in ("attention", "attention_tile", "attention_window", "attention_sparsity"):
+    for f in ("attention", "attention_tile", "attention_window", "attention_sparsity", "attention_dense_blocks"):
         del old.__dict__[f]
     assert old.attention == "dense" and sparse_settings(old) is None
 
@@ -174,6 +197,13 @@ def test_config_errors_and_warnings():
         WanConfig(**WAN, attention="vsa", attention_sparsity=1.0)
     with pytest.warns(UserWarning, match="attention_window has no effect with attention='vsa'"):
         WanConfig(**WAN, attention="vsa", attention_window=(1, 1, 1))
+    with pytest.raises(ValueError, match=r"DiTConfig.attention_dense_blocks must be block indices in \[0, "
+                                         r"num_layers=2\)"):
+        DiTConfig(**DIT, attention="sta", attention_dense_blocks=[2])
+    with pytest.raises(ValueError, match="attention_dense_blocks names every block"):
+        WanConfig(**WAN, attention="sta", attention_dense_blocks=[0, 1])
+    with pytest.warns(UserWarning, match="attention_dense_blocks has no effect with attention='dense'"):
+        WanConfig(**WAN, attention_dense_blocks=[0])
     cfg = WanConfig(**WAN, attention="sta", attention_tile=[1, 2, 2], attention_window=[3, 1, 1])
     assert cfg.attention_tile == (1, 2, 2) and cfg.attention_window == (3, 1, 1)  # lists from YAML -> tuples
 

@@ -63,8 +63,8 @@ def _triple(owner: str, name: str, value, odd: bool = False) -> tuple[int, int, 
 
 
 def check_attention_settings(cfg, owner: str) -> None:
-    """Validate (and normalise to tuples) ``cfg.attention``, ``attention_tile``, ``attention_window`` and
-    ``attention_sparsity`` in place; ``owner`` names the config class in the errors. Warns about a sparse knob
+    """Validate (and normalise to tuples) ``cfg.attention``, ``attention_tile``, ``attention_window``,
+    ``attention_sparsity`` and ``attention_dense_blocks`` in place; ``owner`` names the config class in the errors. Warns about a sparse knob
     set away from its default that the chosen kind does not read."""
     if cfg.attention not in ATTENTION_KINDS:
         raise ValueError(f"{owner}.attention must be one of {ATTENTION_KINDS}, got {cfg.attention!r}")
@@ -74,20 +74,30 @@ def check_attention_settings(cfg, owner: str) -> None:
     if not isinstance(s, numbers.Real) or isinstance(s, bool) or not 0 <= s < 1:
         raise ValueError(f"{owner}.attention_sparsity must be a number in [0, 1) (the share of key tiles VSA "
                          f"skips), got {s!r}")
-    unread = {"dense": ("attention_tile", "attention_window", "attention_sparsity"),
+    dense = cfg.attention_dense_blocks
+    if not isinstance(dense, (tuple, list)) or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) and 0 <= i < cfg.num_layers for i in dense):
+        raise ValueError(f"{owner}.attention_dense_blocks must be block indices in [0, num_layers={cfg.num_layers}) "
+                         f"(the blocks that keep dense self-attention), got {dense!r}")
+    cfg.attention_dense_blocks = tuple(sorted(set(int(i) for i in dense)))
+    if cfg.attention != "dense" and len(cfg.attention_dense_blocks) == cfg.num_layers:
+        raise ValueError(f"{owner}.attention_dense_blocks names every block, so attention={cfg.attention!r} would "
+                         f"apply nowhere; use attention='dense'")
+    unread = {"dense": ("attention_tile", "attention_window", "attention_sparsity", "attention_dense_blocks"),
               "sta": ("attention_sparsity",), "vsa": ("attention_window",)}[cfg.attention]
     default = {"attention_tile": DEFAULT_TILE, "attention_window": DEFAULT_WINDOW,
-               "attention_sparsity": DEFAULT_SPARSITY}
+               "attention_sparsity": DEFAULT_SPARSITY, "attention_dense_blocks": ()}
     for name in unread:
         if getattr(cfg, name) != default[name]:
             warnings.warn(f"{owner}.{name} has no effect with attention={cfg.attention!r}", stacklevel=4)
 
 
-def sparse_settings(cfg) -> SparseSettings | None:
-    """The sparse self-attention of a model config (None: dense). Configs saved before these fields existed
-    read the class defaults, i.e. dense."""
+def sparse_settings(cfg, layer: int | None = None) -> SparseSettings | None:
+    """The sparse self-attention of a model config, of block ``layer`` when given (None: dense, also for the
+    blocks in ``attention_dense_blocks``). Configs saved before these fields existed read the class defaults,
+    i.e. dense."""
     kind = getattr(cfg, "attention", "dense")
-    if kind == "dense":
+    if kind == "dense" or (layer is not None and layer in getattr(cfg, "attention_dense_blocks", ())):
         return None
     return SparseSettings(kind, tuple(cfg.attention_tile), tuple(cfg.attention_window), float(cfg.attention_sparsity))
 

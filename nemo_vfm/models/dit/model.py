@@ -64,6 +64,7 @@ class DiTConfig(StemConfig):
     attention_tile: tuple[int, int, int] = DEFAULT_TILE  # tokens per tile (t, h, w); 128 = FlexAttention's CUDA block
     attention_window: tuple[int, int, int] = DEFAULT_WINDOW  # STA: key tiles per axis around a query tile (odd)
     attention_sparsity: float = DEFAULT_SPARSITY  # VSA: share of key tiles each query tile skips
+    attention_dense_blocks: tuple[int, ...] = ()  # blocks that keep dense self-attention in a sparse model
 
     def __post_init__(self):
         self.patch_size = tuple(self.patch_size)
@@ -102,7 +103,7 @@ class DiTBlock(nn.Module):
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.has_cross = cfg.context_dim is not None
         self.norm1 = nn.LayerNorm(d, elementwise_affine=False, eps=eps)
-        self.attn = SelfAttention(d, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps, sparse=sparse_settings(cfg))
+        self.attn = SelfAttention(d, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps, sparse=sparse_settings(cfg, layer))
         if self.has_cross:
             self.norm_cross = nn.LayerNorm(d, elementwise_affine=False, eps=eps)
             self.cross_attn = CrossAttention(d, cfg.context_dim, cfg.num_heads, qk_norm=cfg.qk_norm, eps=eps)

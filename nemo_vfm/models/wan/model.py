@@ -93,6 +93,7 @@ class WanConfig:
     attention_tile: tuple[int, int, int] = DEFAULT_TILE  # tokens per tile (t, h, w); 128 = FlexAttention's CUDA block
     attention_window: tuple[int, int, int] = DEFAULT_WINDOW  # STA: key tiles per axis around a query tile (odd)
     attention_sparsity: float = DEFAULT_SPARSITY  # VSA: share of key tiles each query tile skips
+    attention_dense_blocks: tuple[int, ...] = ()  # blocks that keep dense self-attention in a sparse model
 
     def __post_init__(self):
         self.patch_size = tuple(self.patch_size)
@@ -204,11 +205,11 @@ class WanFFN(nn.Sequential):
 
 
 class WanBlock(nn.Module):
-    def __init__(self, cfg: WanConfig):
+    def __init__(self, cfg: WanConfig, layer: int = 0):
         super().__init__()
         d, eps = cfg.hidden_size, cfg.norm_eps
         self.norm1 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
-        self.self_attn = WanSelfAttention(d, cfg.num_heads, cfg.qk_norm, eps, sparse_settings(cfg))
+        self.self_attn = WanSelfAttention(d, cfg.num_heads, cfg.qk_norm, eps, sparse_settings(cfg, layer))
         self.norm3 = WanLayerNorm(d, eps=eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
         self.cross_attn = WanCrossAttention(d, cfg.num_heads, cfg.qk_norm, eps, image=cfg.is_i2v)
         self.norm2 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
@@ -273,7 +274,7 @@ class WanModel(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
         self.img_emb = WanImageEmbedding(cfg.image_dim, d) if cfg.is_i2v else None
         self.rope = RoPE3D(cfg.head_dim, cfg.rope_theta)  # Wan's split: h, w get 2*(Dh//6) dims each, t the rest
-        self.blocks = nn.ModuleList(WanBlock(cfg) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(WanBlock(cfg, i) for i in range(cfg.num_layers))
         self.head = WanHead(d, cfg.out_channels * math.prod(cfg.patch_size), cfg.norm_eps)
 
     @property
