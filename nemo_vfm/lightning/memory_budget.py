@@ -210,7 +210,8 @@ def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float
 def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
     """Estimated peak bytes per GPU of ``w`` under ``s``, by part (see the module docstring)."""
     shards, blocks = w.model_shards, w.blocks
-    trainable, optim = sum(p.trainable for p in blocks) + w.outside.trainable, 8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES
+    trainable = sum(p.trainable for p in blocks) + w.outside.trainable
+    optim = 8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES
     frozen = [p.frozen_bytes(s.frozen_dtype) for p in blocks]
     swapped = sum(frozen[: s.block_swap])
     if w.autocast and s.frozen_dtype not in ("bf16", "fp16"):  # a swapped block that is not checkpointed keeps the
@@ -277,8 +278,8 @@ class Choice:
 
     def report(self, budget_gib: float, current: MemorySettings | None = None, fit_gib: float | None = None) -> str:
         lines = [f"memory budget {budget_gib:g} GiB{'' if fit_gib is None else f' (estimates fit {fit_gib:.1f})'}: "
-                 f"{self.settings.describe(current)} (estimated {self.gib:.1f} GiB, "
-                 f"slowdown x{self.slowdown:.2f}; estimates, see nemo_vfm/lightning/memory_budget.py)"]
+                 f"{self.settings.describe(current)} (estimated {self.gib:.1f} GiB, slowdown x{self.slowdown:.2f}; "
+                 "estimates, see nemo_vfm/lightning/memory_budget.py)"]
         lines += [f"  rejected, faster but over budget: {s.describe(current)}: {g:.1f} GiB (x{f:.2f})"
                   for s, g, f in self.rejected]
         return "\n".join(lines)
@@ -310,8 +311,7 @@ def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[in
     if estimate_gib(w, s) <= budget_gib:
         return (0,)
     n = len(w.blocks)
-    fits = next((k for k in range(1, n + 1) if estimate_gib(w, dataclasses.replace(s, block_swap=k)) <= budget_gib), n)
-    return 0, fits
+    return 0, next((k for k in range(1, n + 1) if estimate_gib(w, dataclasses.replace(s, block_swap=k)) <= budget_gib), n)
 
 
 def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None,
@@ -337,10 +337,10 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
             shown = [x for x in faster if not any(y[2] <= x[2] and y[1] < x[1] for y in faster)]
             return Choice(s, g, f, tuple(shown))
     f, _, g, s = min(scored, key=lambda x: x[2])
-    raise ValueError(f"nothing fits trainer.memory_budget_gb={budget_gib:g}{f' (estimates must fit {fit:.1f})' * bool(headroom)}"
-                     f": the smallest estimate is {g:.1f} GiB ({s.describe(current)}); raise the budget, lower "
-                     "data.batch_size or the clip size, use more GPUs (FSDP shards the weights), or unset the memory "
-                     "knobs you fixed")
+    fits = f"trainer.memory_budget_gb={budget_gib:g}" + (f" (estimates must fit {fit:.1f})" if headroom else "")
+    raise ValueError(f"nothing fits {fits}: the smallest estimate is {g:.1f} GiB ({s.describe(current)}); raise the "
+                     "budget, lower data.batch_size or the clip size, use more GPUs (FSDP shards the weights), or "
+                     "unset the memory knobs you fixed")
 
 
 def _layout(strategy, trainer) -> tuple[object, int, int]:

@@ -64,8 +64,8 @@ def _triple(owner: str, name: str, value, odd: bool = False) -> tuple[int, int, 
 
 def check_attention_settings(cfg, owner: str) -> None:
     """Validate (and normalise to tuples) ``cfg.attention``, ``attention_tile``, ``attention_window``,
-    ``attention_sparsity`` and ``attention_dense_blocks`` in place; ``owner`` names the config class in the errors. Warns about a sparse knob
-    set away from its default that the chosen kind does not read."""
+    ``attention_sparsity`` and ``attention_dense_blocks`` in place; ``owner`` names the config class in the errors.
+    Warns about a sparse knob set away from its default that the chosen kind does not read."""
     if cfg.attention not in ATTENTION_KINDS:
         raise ValueError(f"{owner}.attention must be one of {ATTENTION_KINDS}, got {cfg.attention!r}")
     cfg.attention_tile = _triple(owner, "attention_tile", cfg.attention_tile)
