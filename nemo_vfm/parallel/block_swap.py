@@ -8,7 +8,8 @@ fit one card (LoRA on Wan 14B) still trains there.
 - Forward: a pre-hook on block ``i`` (outside an activation-checkpoint wrapper) makes its copy ready (the compute
   stream waits for it) and points the parameters at it; it starts the copy of block ``i + 1`` on a side stream
   (CUDA), so that the transfer overlaps block ``i``'s kernels. A post-hook points the parameters back at host
-  memory and drops the device copy.
+  memory and drops the device copy. A block's copy is one device buffer (each weight a 256-byte-aligned view of
+  it): blocks of one shape reuse one cached allocation, where a tensor per weight fragments the allocator.
 - Backward: the frozen linears need their weights again for the input gradient. Autograd would keep the device
   copy alive as a saved tensor, so block ``i``'s saved-tensor hooks (installed by
   :func:`nemo_vfm.parallel.activation_offload.apply_saved_tensor_hooks`) replace a saved tensor that lies in a
@@ -32,6 +33,7 @@ On a CPU device the "device copy" is a second host tensor: the mechanics run (an
 
 from __future__ import annotations
 
+import bisect
 import warnings
 from contextlib import contextmanager, nullcontext
 
@@ -95,7 +97,7 @@ class BlockSwapper:
             warnings.warn(f"block_swap={n} has no effect: the first {n} blocks have no frozen weights (full "
                           f"fine-tuning); cpu_offload=True offloads trainable weights.", stacklevel=2)
         self._cache: dict[int, tuple[list[torch.Tensor], object]] = {}  # block -> (device copies, copy event)
-        self._ptrs: dict[int, tuple[int, int]] = {}  # storage address of a device copy -> (block, k)
+        self._ptrs: dict[int, tuple[int, list[int]]] = {}  # device buffer address -> (block, its weights' byte starts)
         self._pointed: set[int] = set()  # blocks whose parameters point at their device copies
         self.fetches = 0  # device copies made (tests count them)
         self._to_host()
@@ -145,13 +147,19 @@ class BlockSwapper:
             for p in self.params(i):
                 if not p.data.is_pinned():
                     p.data = p.data.pin_memory()
+        host = [p.data for p in self.params(i)]
+        starts, end = [], 0  # byte offsets of the weights in the block's one device buffer (256-byte aligned)
+        for h in host:
+            starts.append(-(-end // 256) * 256)
+            end = starts[-1] + h.numel() * h.element_size()
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            copies = [torch.empty_like(p.data, device=self.device).copy_(p.data, non_blocking=True)
-                      for p in self.params(i)]
+            flat = torch.empty(end, dtype=torch.uint8, device=self.device)
+            copies = [flat[a:a + h.numel() * h.element_size()].view(h.dtype).view(h.shape).copy_(h, non_blocking=True)
+                      for a, h in zip(starts, host)]
             event = self.stream.record_event() if self.stream is not None else None
         self._cache[i] = (copies, event)
-        for k, c in enumerate(copies):
-            self._ptrs[c.untyped_storage().data_ptr()] = (i, k)
+        if copies:
+            self._ptrs[flat.untyped_storage().data_ptr()] = (i, starts)
         self.fetches += 1
 
     def _ready(self, i: int) -> list[torch.Tensor]:
@@ -168,8 +176,9 @@ class BlockSwapper:
 
     def _drop(self, keep: set[int]) -> None:
         for j in [j for j in self._cache if j not in keep]:
-            for c in self._cache.pop(j)[0]:
-                self._ptrs.pop(c.untyped_storage().data_ptr(), None)
+            copies = self._cache.pop(j)[0]
+            if copies:
+                self._ptrs.pop(copies[0].untyped_storage().data_ptr(), None)
 
     def _point(self, i: int, direction: int) -> list[torch.Tensor]:
         """Point block ``i``'s parameters at its device copies (every other block's back at host memory), keep
@@ -214,7 +223,10 @@ class BlockSwapper:
         if type(t) not in (torch.Tensor, nn.Parameter) or t.device != self.device:
             return None
         hit = self._ptrs.get(t.untyped_storage().data_ptr())
-        return None if hit is None else _WeightRef(*hit, t)
+        if hit is None:
+            return None
+        block, starts = hit
+        return _WeightRef(block, bisect.bisect_right(starts, t.storage_offset() * t.element_size()) - 1, t)
 
     def unpack(self, ref: _WeightRef) -> torch.Tensor:
         """The saved view again, from the block's device copy (fetched now if it is not already)."""

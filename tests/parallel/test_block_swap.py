@@ -70,6 +70,22 @@ def test_frozen_weights_visit_the_device_per_block_and_results_are_bitwise_equal
     assert not net.blocks[2]._forward_pre_hooks  # block 2 untouched
 
 
+def test_a_blocks_copy_is_one_buffer_and_saved_views_find_their_weight():
+    """Every weight of a block's copy is a view of one buffer (blocks of one shape reuse one allocation); a saved
+    view of any of them (a transpose, as a linear's backward saves) maps back to that weight, and unpacks equal."""
+    net = lora_wan()
+    swap = swapped(net, 2)
+    copies = swap._ready(1)
+    assert len({c.untyped_storage().data_ptr() for c in copies}) == 1
+    assert all(torch.equal(c, p.data) for c, p in zip(copies, swap.params(1)))
+    for k in (0, len(copies) // 2, len(copies) - 1):
+        view = copies[k].t() if copies[k].dim() == 2 else copies[k].reshape(-1)[1:]
+        ref = swap.pack(view)
+        assert (ref.block, ref.k) == (1, k)
+        assert torch.equal(swap.unpack(ref), view)
+    assert swap.pack(torch.zeros(3)) is None
+
+
 def test_copies_run_one_block_ahead_in_the_direction_of_travel():
     net = lora_wan()
     swap = swapped(net, 3)
