@@ -9,10 +9,13 @@ What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_atte
 installed). **Rule: every one of these knobs is chosen, the recipe's values included (ties go to the fewest changes,
 so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``) stay as set.**
 Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits ``(1 - HEADROOM)`` x the
-budget is taken (ties: fewest changes, then least memory). One line per faster candidate that does not fit is printed.
+budget is taken (ties: fewest changes, then least memory), and whose host share (:mod:`host_memory`: swapped
+weights, offloaded activations, FSDP2's offloaded state) fits ``(1 - HEADROOM)`` x the host's ``MemAvailable`` per
+local process. One line per faster candidate that does not fit is printed.
 
 The memory model (per GPU, GiB = 2**30 bytes; an estimate, not a measurement). Parameter counts come from the
-network built on the meta device (no memory allocated), with LoRA adapters applied, per block and outside the blocks:
+network built on the meta device (no memory allocated; :mod:`memory_workload`), with LoRA adapters applied, per
+block and outside the blocks:
 
 - trainable parameters: fp32 weights + AdamW state (8 B; ``adamw8bit``: 2 B + block scales) + fp32 gradients;
   frozen ones: 4 B (None), 2 B (bf16), 1 B per adapted base weight + 4 B per row + 2 B the rest (fp8); all divided
@@ -46,9 +49,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import os
 from dataclasses import dataclass
+
+from nemo_vfm.lightning.host_memory import available_host_gib, host_gib
+from nemo_vfm.lightning.memory_workload import Workload, workload
 
 GIB = 1024**3
 ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed block keeps (fit, see above)
@@ -89,103 +94,6 @@ class MemorySettings:
         ref = dataclasses.asdict(against) if against is not None else DEFAULTS
         said = [f"{KNOB_NAMES[k]}={v}" for k, v in dataclasses.asdict(self).items() if v != ref[k]]
         return ", ".join(said) or "no memory knob changed"
-
-
-@dataclass(frozen=True)
-class Params:
-    """Parameter counts of one block (or of everything outside the blocks)."""
-
-    trainable: int = 0
-    frozen_linear: int = 0  # frozen base weights of LoRA-adapted linears (what fp8 stores in one byte)
-    frozen_rows: int = 0  # their output rows (fp8: one fp32 scale each)
-    frozen_other: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.trainable + self.frozen_linear + self.frozen_other
-
-    def frozen_bytes(self, frozen_dtype: str | None) -> float:
-        frozen = self.frozen_linear + self.frozen_other
-        if frozen_dtype == "fp8":
-            return self.frozen_linear + 4 * self.frozen_rows + 2 * self.frozen_other
-        return frozen * (2 if frozen_dtype in ("bf16", "fp16") else 4)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Workload:
-    """What the memory model reads of a run (per GPU and step)."""
-
-    blocks: tuple[Params, ...]
-    outside: Params
-    hidden_size: int
-    ffn_size: int
-    ffn_tensors: int = 2  # FFN intermediates a block keeps per token (GELU: 2, SwiGLU: 3)
-    tokens: int  # video tokens per GPU and step (batch x tokens per sample / token shards)
-    forward_flops: float  # per GPU and step
-    attention_share: float  # attention FLOPs / forward FLOPs
-    lora: bool
-    model_shards: int = 1  # FSDP x TP x PP ranks the weights are split over
-    compile: bool = False  # whether the blocks run compiled (activation_offload and block_swap turn that off)
-    autocast: bool = True  # a *-mixed precision: fp32 frozen weights are cast to bf16 at every matmul
-    ac_every: int = 2  # selective checkpointing: every n-th block
-
-    def __post_init__(self):
-        if not self.blocks or self.tokens < 1:
-            raise ValueError(f"a workload needs at least one block and one token, got {len(self.blocks)} blocks and "
-                             f"{self.tokens} tokens")
-
-
-def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
-    """Per-block and outside-block :class:`Params` of ``model_config.build("meta")`` (with ``lora`` adapters
-    applied; nothing is allocated). Every family's network keeps its transformer blocks in ``.blocks``."""
-    from nemo_vfm.models.common.lora import LoRALinear, apply_lora
-
-    net = model_config.build("meta")
-    if lora is not None:
-        apply_lora(net, dataclasses.replace(lora, frozen_dtype=None))  # storage dtypes are modelled, not built
-    rows = {id(m.base.weight): m.base.out_features for m in net.modules() if isinstance(m, LoRALinear)}
-
-    def tally(params) -> Params:
-        t = fl = fr = fo = 0
-        for p in params:
-            if p.requires_grad:
-                t += p.numel()
-            elif id(p) in rows:
-                fl, fr = fl + p.numel(), fr + rows[id(p)]
-            else:
-                fo += p.numel()
-        return Params(t, fl, fr, fo)
-
-    blocks = tuple(tally(b.parameters()) for b in net.blocks)
-    inside = {id(p) for b in net.blocks for p in b.parameters()}
-    return blocks, tally(p for p in net.parameters() if id(p) not in inside)
-
-
-def _ffn(cfg) -> tuple[int, int]:
-    """(FFN width, intermediates kept per token) of a family config."""
-    width = getattr(cfg, "ffn_size", None) or int(getattr(cfg, "mlp_ratio", 4.0) * cfg.hidden_size)
-    return width, 3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2
-
-
-def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shards: int = 1,
-             ac_every: int = 2, compile: bool = False, autocast: bool = True) -> Workload:
-    """The :class:`Workload` of ``model_config`` on ``data`` (its ``latent_shape``, ``batch_size`` and
-    ``max_seq_length``): tokens from the latent grid and the family's patch size, FLOPs from its counter."""
-    from nemo_vfm.models.families import family_spec
-
-    _, t, h, w = data.latent_shape
-    grid = tuple(n // p for n, p in zip((t, h, w), model_config.patch_size))
-    per_sample = math.prod(grid)
-    samples = data.batch_size * (max(1, data.max_seq_length // per_sample) if data.max_seq_length else 1)
-    text = [getattr(model_config, "text_len", 512)] * samples
-    flops = family_spec(model_config).flops(model_config, [per_sample] * samples, text, [grid] * samples)
-    blocks, outside = count_params(model_config, lora)
-    ffn, kept = _ffn(model_config)
-    return Workload(blocks=blocks, outside=outside, hidden_size=model_config.hidden_size, ffn_size=ffn,
-                    ffn_tensors=kept, tokens=max(1, samples * per_sample // token_shards),
-                    forward_flops=flops.forward / token_shards, attention_share=flops.attention / flops.forward,
-                    lora=lora is not None, model_shards=model_shards, ac_every=ac_every, compile=compile,
-                    autocast=autocast)
 
 
 def _checkpointed(w: Workload, mode: str) -> list[bool]:
@@ -275,10 +183,12 @@ class Choice:
     gib: float
     slowdown: float
     rejected: tuple[tuple[MemorySettings, float, float], ...]
+    host_gib: float = 0.0  # host memory its offloading keeps per process (host_memory.host_gib)
 
     def report(self, budget_gib: float, current: MemorySettings | None = None, fit_gib: float | None = None) -> str:
         lines = [f"memory budget {budget_gib:g} GiB{'' if fit_gib is None else f' (estimates fit {fit_gib:.1f})'}: "
-                 f"{self.settings.describe(current)} (estimated {self.gib:.1f} GiB, slowdown x{self.slowdown:.2f}; "
+                 f"{self.settings.describe(current)} (estimated {self.gib:.1f} GiB"
+                 f"{f', host {self.host_gib:.1f} GiB' if self.host_gib else ''}, slowdown x{self.slowdown:.2f}; "
                  "estimates, see nemo_vfm/lightning/memory_budget.py)"]
         lines += [f"  rejected, faster but over budget: {s.describe(current)}: {g:.1f} GiB (x{f:.2f})"
                   for s, g, f in self.rejected]
@@ -315,10 +225,12 @@ def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[in
 
 
 def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None,
-           headroom: float = 0.0) -> Choice:
-    """The fastest candidate of ``opts`` (see :func:`options`) whose estimate fits ``(1 - headroom) x budget_gib``;
-    ties: fewest changes from ``current``, then least memory. Raises ``ValueError`` naming the smallest estimate."""
+           headroom: float = 0.0, host_limit_gib: float | None = None) -> Choice:
+    """The fastest candidate of ``opts`` (see :func:`options`) whose estimate fits ``(1 - headroom) x budget_gib``
+    and whose host share (:func:`host_gib`) ``(1 - headroom) x host_limit_gib`` (None: not checked); ties: fewest
+    changes from ``current``, then least memory. Raises ``ValueError`` naming the smallest estimate."""
     current, fit = current or MemorySettings(), budget_gib * (1 - headroom)
+    host_fit = None if host_limit_gib is None else host_limit_gib * (1 - headroom)
     base = [k for k in DEFAULTS if k != "block_swap"]
     scored = []
     for combo in itertools.product(*(opts[k] for k in base)):
@@ -330,12 +242,20 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
             changes = sum(a != b for a, b in zip(dataclasses.astuple(c), dataclasses.astuple(current)))
             scored.append((round(slowdown(w, c), 4), changes, estimate_gib(w, c), c))
     scored.sort(key=lambda x: x[:3])
+    on_gpu = [x for x in scored if x[2] <= fit]
     for i, (f, _, g, s) in enumerate(scored):
-        if g <= fit:
+        if g <= fit and (host_fit is None or host_gib(w, s) <= host_fit):
             faster = [(r, rg, rf) for rf, _, rg, r in scored[:i] if rf < f]
             # those no other faster candidate beats in memory as well (the rest tell nothing new)
             shown = [x for x in faster if not any(y[2] <= x[2] and y[1] < x[1] for y in faster)]
-            return Choice(s, g, f, tuple(shown))
+            return Choice(s, g, f, tuple(shown), host_gib(w, s))
+    if on_gpu:  # the GPU would hold some, the host none of them
+        h, s = min(((host_gib(w, x[3]), x[3]) for x in on_gpu), key=lambda hs: hs[0])
+        raise ValueError(f"nothing fits trainer.memory_budget_gb={budget_gib:g} on this host: the candidates that fit "
+                         f"the GPU need at least {h:.1f} GiB of host memory per process ({s.describe(current)}), "
+                         f"{host_fit:.1f} GiB are available ({1 - headroom:.0%} of MemAvailable / processes); use "
+                         "more GPUs (FSDP shards the weights and the offloaded state), a host with more memory, a "
+                         "larger budget, or fewer processes per host")
     f, _, g, s = min(scored, key=lambda x: x[2])
     fits = f"trainer.memory_budget_gb={budget_gib:g}" + (f" (estimates must fit {fit:.1f})" if headroom else "")
     raise ValueError(f"nothing fits {fits}: the smallest estimate is {g:.1f} GiB ({s.describe(current)}); raise the "
@@ -384,7 +304,8 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     opts = options(w, fixed, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
-    choice = choose(w, budget_gb, opts, current, headroom=HEADROOM)
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or (trainer.devices if isinstance(trainer.devices, int) else 1)
+    choice = choose(w, budget_gb, opts, current, headroom=HEADROOM, host_limit_gib=available_host_gib(procs))
     if verbose:
         print(choice.report(budget_gb, current, fit_gib=budget_gb * (1 - HEADROOM)))
     s = choice.settings

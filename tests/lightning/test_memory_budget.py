@@ -139,6 +139,49 @@ def test_full_finetuning_14b_on_one_80_gib_gpu_offloads_to_the_host():
     assert options(sharded, {}, torchao=False)["optim_name"] == ("adamw",)
 
 
+def test_host_memory_of_each_knob():
+    """block_swap: the swapped blocks' frozen bytes; activation_offload: what the blocks save; cpu_offload: weight,
+    fp32 gradient and AdamW state of this rank's shard (16 bytes a parameter)."""
+    from nemo_vfm.lightning.host_memory import GIB, host_gib
+
+    lora = workload(wan_config("t2v_14b"), _data(), _lora(), compile=True)
+    per_block = lora.blocks[0].frozen_bytes("bf16") / GIB
+    assert host_gib(lora, MemorySettings(frozen_dtype="bf16")) == 0
+    assert host_gib(lora, MemorySettings(frozen_dtype="bf16", block_swap=10)) == pytest.approx(10 * per_block)
+    offload = host_gib(lora, MemorySettings(activation_checkpointing="full", activation_offload=True))
+    assert offload == pytest.approx(40 * 32760 * 5120 * 2 / GIB)  # 40 checkpointed blocks' bf16 inputs
+    full = workload(wan_config("t2v_14b"), _data(), None, compile=True)
+    n = sum(p.total for p in full.blocks) + full.outside.total
+    assert host_gib(full, MemorySettings(cpu_offload=True)) == pytest.approx(16 * n / GIB)
+    sharded = workload(wan_config("t2v_14b"), _data(), None, model_shards=8, compile=True)
+    assert host_gib(sharded, MemorySettings(cpu_offload=True)) == pytest.approx(2 * n / GIB)
+
+
+def test_a_choice_the_host_cannot_hold_is_refused():
+    """14B full fine-tuning on one 80 GiB GPU offloads ~210 GiB to the host: refused on a 128 GiB host (naming
+    what it needs), taken on a 512 GiB one; a LoRA choice stays within a small host's share."""
+    full = workload(wan_config("t2v_14b"), _data(), None, compile=True)
+    opts = options(full, {})
+    with pytest.raises(ValueError, match=r"nothing fits trainer.memory_budget_gb=80 on this host: the candidates "
+                                         r"that fit the GPU need at least \d+\.\d GiB of host memory"):
+        choose(full, 80, opts, headroom=HEADROOM, host_limit_gib=128)
+    big = choose(full, 80, opts, headroom=HEADROOM, host_limit_gib=512)
+    assert big.settings.cpu_offload and 0 < big.host_gib <= 512 * (1 - HEADROOM)
+    assert "host " in big.report(80)
+    lora = workload(wan_config("t2v_14b"), _data(), _lora(), compile=True)
+    roomy, small = (choose(lora, 24, options(lora, {}), host_limit_gib=h) for h in (None, 16))
+    assert roomy.host_gib > 16 and small.host_gib <= 16 and small.settings != roomy.settings
+
+
+def test_available_host_memory_is_shared_by_the_processes(tmp_path):
+    from nemo_vfm.lightning.host_memory import available_host_gib
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       134217728 kB\nMemAvailable:   67108864 kB\n")
+    assert available_host_gib(1, str(meminfo)) == 64 and available_host_gib(4, str(meminfo)) == 16
+    assert available_host_gib(1, str(tmp_path / "missing")) is None
+
+
 def _tiny():
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.models.dit.model import DiTConfig

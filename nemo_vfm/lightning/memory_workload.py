@@ -1,0 +1,105 @@
+"""What the memory model of ``trainer.memory_budget_gb`` reads of a run (:mod:`nemo_vfm.lightning.memory_budget`):
+parameter counts per block from the network built on the meta device, tokens and FLOPs per step."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameter counts of one block (or of everything outside the blocks)."""
+
+    trainable: int = 0
+    frozen_linear: int = 0  # frozen base weights of LoRA-adapted linears (what fp8 stores in one byte)
+    frozen_rows: int = 0  # their output rows (fp8: one fp32 scale each)
+    frozen_other: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.trainable + self.frozen_linear + self.frozen_other
+
+    def frozen_bytes(self, frozen_dtype: str | None) -> float:
+        frozen = self.frozen_linear + self.frozen_other
+        if frozen_dtype == "fp8":
+            return self.frozen_linear + 4 * self.frozen_rows + 2 * self.frozen_other
+        return frozen * (2 if frozen_dtype in ("bf16", "fp16") else 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What the memory model reads of a run (per GPU and step)."""
+
+    blocks: tuple[Params, ...]
+    outside: Params
+    hidden_size: int
+    ffn_size: int
+    ffn_tensors: int = 2  # FFN intermediates a block keeps per token (GELU: 2, SwiGLU: 3)
+    tokens: int  # video tokens per GPU and step (batch x tokens per sample / token shards)
+    forward_flops: float  # per GPU and step
+    attention_share: float  # attention FLOPs / forward FLOPs
+    lora: bool
+    model_shards: int = 1  # FSDP x TP x PP ranks the weights are split over
+    compile: bool = False  # whether the blocks run compiled (activation_offload and block_swap turn that off)
+    autocast: bool = True  # a *-mixed precision: fp32 frozen weights are cast to bf16 at every matmul
+    ac_every: int = 2  # selective checkpointing: every n-th block
+
+    def __post_init__(self):
+        if not self.blocks or self.tokens < 1:
+            raise ValueError(f"a workload needs at least one block and one token, got {len(self.blocks)} blocks and "
+                             f"{self.tokens} tokens")
+
+
+def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
+    """Per-block and outside-block :class:`Params` of ``model_config.build("meta")`` (with ``lora`` adapters
+    applied; nothing is allocated). Every family's network keeps its transformer blocks in ``.blocks``."""
+    from nemo_vfm.models.common.lora import LoRALinear, apply_lora
+
+    net = model_config.build("meta")
+    if lora is not None:
+        apply_lora(net, dataclasses.replace(lora, frozen_dtype=None))  # storage dtypes are modelled, not built
+    rows = {id(m.base.weight): m.base.out_features for m in net.modules() if isinstance(m, LoRALinear)}
+
+    def tally(params) -> Params:
+        t = fl = fr = fo = 0
+        for p in params:
+            if p.requires_grad:
+                t += p.numel()
+            elif id(p) in rows:
+                fl, fr = fl + p.numel(), fr + rows[id(p)]
+            else:
+                fo += p.numel()
+        return Params(t, fl, fr, fo)
+
+    blocks = tuple(tally(b.parameters()) for b in net.blocks)
+    inside = {id(p) for b in net.blocks for p in b.parameters()}
+    return blocks, tally(p for p in net.parameters() if id(p) not in inside)
+
+
+def _ffn(cfg) -> tuple[int, int]:
+    """(FFN width, intermediates kept per token) of a family config."""
+    width = getattr(cfg, "ffn_size", None) or int(getattr(cfg, "mlp_ratio", 4.0) * cfg.hidden_size)
+    return width, 3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2
+
+
+def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shards: int = 1,
+             ac_every: int = 2, compile: bool = False, autocast: bool = True) -> Workload:
+    """The :class:`Workload` of ``model_config`` on ``data`` (its ``latent_shape``, ``batch_size`` and
+    ``max_seq_length``): tokens from the latent grid and the family's patch size, FLOPs from its counter."""
+    from nemo_vfm.models.families import family_spec
+
+    _, t, h, w = data.latent_shape
+    grid = tuple(n // p for n, p in zip((t, h, w), model_config.patch_size))
+    per_sample = math.prod(grid)
+    samples = data.batch_size * (max(1, data.max_seq_length // per_sample) if data.max_seq_length else 1)
+    text = [getattr(model_config, "text_len", 512)] * samples
+    flops = family_spec(model_config).flops(model_config, [per_sample] * samples, text, [grid] * samples)
+    blocks, outside = count_params(model_config, lora)
+    ffn, kept = _ffn(model_config)
+    return Workload(blocks=blocks, outside=outside, hidden_size=model_config.hidden_size, ffn_size=ffn,
+                    ffn_tensors=kept, tokens=max(1, samples * per_sample // token_shards),
+                    forward_flops=flops.forward / token_shards, attention_share=flops.attention / flops.forward,
+                    lora=lora is not None, model_shards=model_shards, ac_every=ac_every, compile=compile,
+                    autocast=autocast)
