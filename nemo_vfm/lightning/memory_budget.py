@@ -9,7 +9,7 @@ What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_atte
 installed). **Rule: every one of these knobs is chosen, the recipe's values included (ties go to the fewest changes,
 so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``) stay as set.**
 Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits ``(1 - HEADROOM)`` x the
-budget is taken (ties: fewest changes, then least memory), and whose host share (:mod:`host_memory`: swapped
+budget is taken (ties: fewest changes, then least memory), and whose host share (:func:`host_gib`: swapped
 weights, offloaded activations, FSDP2's offloaded state) fits ``(1 - HEADROOM)`` x the host's ``MemAvailable`` per
 local process. One line per faster candidate that does not fit is printed.
 
@@ -50,9 +50,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from nemo_vfm.lightning.host_memory import available_host_gib, host_gib
 from nemo_vfm.lightning.memory_workload import Workload, workload
 
 GIB = 1024**3
@@ -146,6 +147,31 @@ def estimate_gib(w: Workload, s: MemorySettings) -> float:
     return sum(memory_breakdown(w, s).values()) / GIB
 
 
+def host_gib(w: Workload, s: MemorySettings) -> float:
+    """Estimated host GiB per process that the knobs of ``s`` keep: ``block_swap=N``, the frozen weights of N blocks
+    (pinned); ``activation_offload``, what the blocks save for backward (pinned); ``cpu_offload`` (FSDP2's
+    ``CPUOffloadPolicy``), this rank's shard of every weight, its fp32 gradient and the optimizer state. Not
+    counted: the process itself (Python, CUDA's host side, data workers); the headroom is left for it."""
+    total = sum(p.frozen_bytes(s.frozen_dtype) for p in w.blocks[: s.block_swap])
+    if s.activation_offload:
+        total += sum(_kept_activations(w, s.activation_checkpointing)[0])
+    if s.cpu_offload:
+        params = (*w.blocks, w.outside)
+        trainable = sum(p.trainable for p in params) * (4 + 4 + (8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES))
+        total += (trainable + sum(p.frozen_bytes(s.frozen_dtype) for p in params)) / w.model_shards
+    return total / GIB
+
+
+def available_host_gib(processes: int = 1, meminfo: str = "/proc/meminfo") -> float | None:
+    """``MemAvailable`` of ``meminfo`` shared by the ``processes`` of this machine; None where it cannot be read
+    (then the host is not checked)."""
+    try:
+        m = re.search(r"^MemAvailable:\s+(\d+) kB", Path(meminfo).read_text(), re.M)
+    except OSError:
+        return None
+    return None if m is None else int(m.group(1)) * 1024 / GIB / max(1, processes)
+
+
 def slowdown(w: Workload, s: MemorySettings) -> float:
     """Estimated step time of ``s`` over that of no checkpointing and nothing offloaded (see the module docstring)."""
     moved, _, _ = _kept_activations(w, s.activation_checkpointing)
@@ -183,7 +209,7 @@ class Choice:
     gib: float
     slowdown: float
     rejected: tuple[tuple[MemorySettings, float, float], ...]
-    host_gib: float = 0.0  # host memory its offloading keeps per process (host_memory.host_gib)
+    host_gib: float = 0.0  # host memory its offloading keeps per process (:func:`host_gib`)
 
     def report(self, budget_gib: float, current: MemorySettings | None = None, fit_gib: float | None = None) -> str:
         lines = [f"memory budget {budget_gib:g} GiB{'' if fit_gib is None else f' (estimates fit {fit_gib:.1f})'}: "

@@ -142,7 +142,7 @@ def test_full_finetuning_14b_on_one_80_gib_gpu_offloads_to_the_host():
 def test_host_memory_of_each_knob():
     """block_swap: the swapped blocks' frozen bytes; activation_offload: what the blocks save; cpu_offload: weight,
     fp32 gradient and AdamW state of this rank's shard (16 bytes a parameter)."""
-    from nemo_vfm.lightning.host_memory import GIB, host_gib
+    from nemo_vfm.lightning.memory_budget import GIB, host_gib
 
     lora = workload(wan_config("t2v_14b"), _data(), _lora(), compile=True)
     per_block = lora.blocks[0].frozen_bytes("bf16") / GIB
@@ -174,7 +174,7 @@ def test_a_choice_the_host_cannot_hold_is_refused():
 
 
 def test_available_host_memory_is_shared_by_the_processes(tmp_path):
-    from nemo_vfm.lightning.host_memory import available_host_gib
+    from nemo_vfm.lightning.memory_budget import available_host_gib
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       134217728 kB\nMemAvailable:   67108864 kB\n")
