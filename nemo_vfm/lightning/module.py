@@ -131,8 +131,11 @@ class DiffusionModule(L.LightningModule):
             apply_lora(self.model, self.lora)
             if not meta:  # seeded by path: the same adapters as a streamed (meta) build in any layout
                 init_lora_weights(self.model, self.seed)
-        if self.ema_decay:  # a meta copy gets the model's weights once materialised (strategy)
-            self.ema = copy.deepcopy(self.model).requires_grad_(False)
+        if self.ema_decay:  # under VFMParallelStrategy a meta copy, filled with the model's shards once laid out
+            from nemo_vfm.parallel.materialize import meta_copy
+
+            lazy = meta or (hasattr(strategy, "streams_weights") and not getattr(strategy, "pipeline_parallel", False))
+            self.ema = (meta_copy(self.model) if lazy else copy.deepcopy(self.model)).requires_grad_(False)
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

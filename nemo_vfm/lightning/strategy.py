@@ -10,7 +10,7 @@ layers); ranks left over after TP x CP x PP become data parallel (sharded with F
 The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies
 the family's plan (e.g. :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it (and to its
 EMA copy) before Lightning creates the optimizer. A network initialised in ``configure_model`` is
-broadcast from rank 0 before it is sharded. A config that names pretrained weights (``WanConfig.pretrained``)
+broadcast from rank 0 before it is sharded; its EMA copy is built on meta and takes the model's shards. A config that names pretrained weights (``WanConfig.pretrained``)
 is built on the meta device instead (:meth:`streams_weights`): the plan is applied, ``to_empty`` allocates
 each rank's shards, and ``init_weights()`` reads only those slices from the safetensors shards; LoRA adapters
 are seeded by path (as in one process) and the EMA copies the model's shards, so no rank holds the whole
@@ -240,8 +240,9 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
     def _parallelize(self, net, source=None) -> None:
         device = self.root_device
         kwargs = self.family_knobs(self.spec)
-        if any(p.is_meta for p in net.parameters()) and self.streams_weights(getattr(net, "cfg", None)):
-            # meta -> plan -> to_empty -> weights: no rank ever holds the whole network
+        if any(p.is_meta for p in net.parameters()) and (source is not None or
+                                                         self.streams_weights(getattr(net, "cfg", None))):
+            # meta -> plan -> to_empty -> weights (or the model's, for its EMA): no rank holds the whole network
             self.spec.parallelize(net, self.parallel_mesh, **kwargs)
             swap = self._block_swapper(net, source)
             with swap.kept_on_host() if swap else nullcontext():  # cpu_offload: FSDP2 wants its shards on the host

@@ -61,3 +61,15 @@ def copy_local(dst: nn.Module, src: nn.Module) -> None:
             raise ValueError(f"copy_local needs two networks of one structure and layout; got {tuple(d.shape)} "
                              f"and {tuple(s.shape)}")
         (d.to_local() if isinstance(d, DTensor) else d).copy_(s.to_local() if isinstance(s, DTensor) else s)
+
+
+def meta_copy(net: nn.Module) -> nn.Module:
+    """A deep copy of ``net`` whose parameters and buffers are on the meta device (nothing allocated; shared
+    tensors stay shared): the EMA copy of a network built whole, which the strategy places and fills with
+    :func:`copy_local` once the network is laid out."""
+    import copy
+
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in net.parameters()}
+    memo.update({id(b): torch.empty_like(b, device="meta") for b in net.buffers()})
+    return copy.deepcopy(net, memo)
+

@@ -35,6 +35,53 @@ def test_cp_tp_training_checkpoints_and_resumes(tmp_path):
     assert second["step"] == 3
 
 
+def _ema_starts_as_the_model(rank, world, root):
+    """Train one step under FSDP with an EMA; at train start the EMA's local shards equal the model's (the EMA is a
+    meta copy filled from the laid-out model, never a second full network on the host)."""
+    import lightning as L
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.models.dit.model import DiTConfig
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    local = lambda t: t.to_local() if isinstance(t, DTensor) else t
+    seen = []
+
+    class Check(L.Callback):
+        def on_train_start(self, trainer, module):
+            pairs = list(zip(module.ema.named_parameters(), module.model.parameters()))
+            assert pairs and all(torch.equal(local(e), local(m)) for (_, e), m in pairs)
+            assert not any(e.is_meta for _, e in module.ema.named_parameters())
+            seen.append(type(module.model.blocks[0].attn.q.weight).__name__)
+
+    model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16, adaln_lora_rank=4)
+    data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16,
+                                context_length=3, batch_size=2, num_samples=8)
+    trainer = TrainerConfig(max_steps=1, devices=world, accelerator="cpu", precision="32-true", callbacks=[Check()],
+                            strategy=VFMParallelStrategy(param_dtype=None), enable_progress_bar=False)
+    train(model=model, data=data, trainer=trainer, log=ExperimentConfig(name="e", root=root, tensorboard=False),
+          ema_decay=0.9, sampling=None)
+    return seen
+
+
+def test_ema_copy_is_filled_from_the_laid_out_model(tmp_path):
+    assert run_distributed(_ema_starts_as_the_model, 2, str(tmp_path)) == [["DTensor"], ["DTensor"]]
+
+
+def test_meta_copy_allocates_nothing_and_keeps_shared_tensors():
+    import torch
+
+    from nemo_vfm.parallel.materialize import meta_copy
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    net[1].weight = net[0].weight
+    copy = meta_copy(net)
+    assert all(p.is_meta for p in copy.parameters()) and copy[1].weight is copy[0].weight
+    assert not any(p.is_meta for p in net.parameters()) and copy[0].weight.requires_grad
+
+
 def test_bad_layout_fails_before_the_model_is_built(monkeypatch):
     """2 processes cannot hold TP4: the error comes before any process group or model exists."""
     import lightning as L
