@@ -270,11 +270,12 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
     scored.sort(key=lambda x: x[:3])
     on_gpu = [x for x in scored if x[2] <= fit]
     for i, (f, _, g, s) in enumerate(scored):
-        if g <= fit and (host_fit is None or host_gib(w, s) <= host_fit):
+        h = host_gib(w, s) if g <= fit else None
+        if h is not None and (host_fit is None or h <= host_fit):
             faster = [(r, rg, rf) for rf, _, rg, r in scored[:i] if rf < f]
             # those no other faster candidate beats in memory as well (the rest tell nothing new)
             shown = [x for x in faster if not any(y[2] <= x[2] and y[1] < x[1] for y in faster)]
-            return Choice(s, g, f, tuple(shown), host_gib(w, s))
+            return Choice(s, g, f, tuple(shown), h)
     if on_gpu:  # the GPU would hold some, the host none of them
         h, s = min(((host_gib(w, x[3]), x[3]) for x in on_gpu), key=lambda hs: hs[0])
         raise ValueError(f"nothing fits trainer.memory_budget_gb={budget_gib:g} on this host: the candidates that fit "

@@ -134,7 +134,7 @@ class DiffusionModule(L.LightningModule):
         if self.ema_decay:  # under VFMParallelStrategy a meta copy, filled with the model's shards once laid out
             from nemo_vfm.parallel.materialize import meta_copy
 
-            lazy = meta or (hasattr(strategy, "streams_weights") and not getattr(strategy, "pipeline_parallel", False))
+            lazy = meta or getattr(strategy, "fills_ema", False)
             self.ema = (meta_copy(self.model) if lazy else copy.deepcopy(self.model)).requires_grad_(False)
 
     def forward(self, *args, **kwargs):

@@ -7,16 +7,15 @@
 The layout is validated when processes are up and *before* the model is built (world size, heads,
 layers); ranks left over after TP x CP x PP become data parallel (sharded with FSDP2 when
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
-The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies
-the family's plan (e.g. :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it (and to its
-EMA copy) before Lightning creates the optimizer. A network initialised in ``configure_model`` is
-broadcast from rank 0 before it is sharded; its EMA copy is built on meta and takes the model's shards. A config that names pretrained weights (``WanConfig.pretrained``)
-is built on the meta device instead (:meth:`streams_weights`): the plan is applied, ``to_empty`` allocates
-each rank's shards, and ``init_weights()`` reads only those slices from the safetensors shards; LoRA adapters
-are seeded by path (as in one process) and the EMA copies the model's shards, so no rank holds the whole
-network. After each backward the strategy completes the gradients that FSDP/DTensor leave partial
-(``nemo_vfm.parallel.grads.sync_grads``), and gradient clipping uses the norm over the whole mesh. Checkpoints are sharded DCP folders (Lightning's
-distributed checkpoint format), loadable under another layout.
+The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies the family's plan (e.g.
+:func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it and to its EMA copy before Lightning creates the
+optimizer. A network initialised in ``configure_model`` is broadcast from rank 0 before it is sharded. A config that
+names pretrained weights (``WanConfig.pretrained``) is built on the meta device instead (:meth:`streams_weights`):
+the plan is applied, ``to_empty`` allocates each rank's shards, and ``init_weights()`` reads only those slices from
+the safetensors shards; LoRA adapters are seeded by path (as in one process). The EMA copy is built on meta in
+both cases and takes the model's shards once laid out (:attr:`fills_ema`). After each backward the strategy
+completes the gradients FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``); gradient clipping uses
+the norm over the whole mesh. Checkpoints are sharded DCP folders, loadable under another layout.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
 ``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
@@ -237,12 +236,13 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         ``init_weights()`` loads (Wan), outside pipeline parallelism."""
         return bool(getattr(model_config, "pretrained", None)) and not self.pipeline_parallel
 
+    fills_ema = property(lambda self: not self.pipeline_parallel)  # EMA: a meta copy, laid out, the model's shards
+
     def _parallelize(self, net, source=None) -> None:
         device = self.root_device
         kwargs = self.family_knobs(self.spec)
-        if any(p.is_meta for p in net.parameters()) and (source is not None or
-                                                         self.streams_weights(getattr(net, "cfg", None))):
-            # meta -> plan -> to_empty -> weights (or the model's, for its EMA): no rank holds the whole network
+        filled = source is not None or self.streams_weights(getattr(net, "cfg", None))  # EMA: the model's shards
+        if filled and any(p.is_meta for p in net.parameters()):  # meta -> plan -> to_empty -> weights, never whole
             self.spec.parallelize(net, self.parallel_mesh, **kwargs)
             swap = self._block_swapper(net, source)
             with swap.kept_on_host() if swap else nullcontext():  # cpu_offload: FSDP2 wants its shards on the host

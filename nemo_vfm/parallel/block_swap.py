@@ -169,8 +169,8 @@ class BlockSwapper:
         if event is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(event)
-            for c in copies:  # allocated on the side stream, used (and freed) on this one
-                c.record_stream(compute)
+            if copies:  # one buffer, allocated on the side stream, used (and freed) on this one
+                copies[0].record_stream(compute)
             self._cache[i] = (copies, None)
         return copies
 

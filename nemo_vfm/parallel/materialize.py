@@ -72,4 +72,3 @@ def meta_copy(net: nn.Module) -> nn.Module:
     memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in net.parameters()}
     memo.update({id(b): torch.empty_like(b, device="meta") for b in net.buffers()})
     return copy.deepcopy(net, memo)
-

@@ -62,12 +62,30 @@ def _ema_starts_as_the_model(rank, world, root):
     trainer = TrainerConfig(max_steps=1, devices=world, accelerator="cpu", precision="32-true", callbacks=[Check()],
                             strategy=VFMParallelStrategy(param_dtype=None), enable_progress_bar=False)
     train(model=model, data=data, trainer=trainer, log=ExperimentConfig(name="e", root=root, tensorboard=False),
-          ema_decay=0.9, sampling=None)
+          ema_decay=0.9)
     return seen
 
 
 def test_ema_copy_is_filled_from_the_laid_out_model(tmp_path):
     assert run_distributed(_ema_starts_as_the_model, 2, str(tmp_path)) == [["DTensor"], ["DTensor"]]
+
+
+def test_the_module_builds_its_ema_on_meta_where_the_strategy_fills_it():
+    """Under a strategy that fills the EMA (VFMParallelStrategy without pipeline stages) no second network is
+    allocated; elsewhere (Lightning's own strategies, pipeline stages) the EMA is a full copy."""
+    import types
+
+    from nemo_vfm.lightning.module import DiffusionModule
+    from nemo_vfm.models.dit.model import DiTConfig
+
+    cfg = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=None)
+    assert VFMParallelStrategy().fills_ema and not VFMParallelStrategy(pipeline_model_parallel_size=2).fills_ema
+    for fills in (True, False):
+        module = DiffusionModule(cfg, objective=None, ema_decay=0.9)
+        module._trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(fills_ema=fills))
+        module.configure_model()
+        assert all(p.is_meta == fills for p in module.ema.parameters())
+        assert not any(p.is_meta for p in module.model.parameters())
 
 
 def test_meta_copy_allocates_nothing_and_keeps_shared_tensors():
