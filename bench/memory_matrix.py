@@ -115,7 +115,7 @@ def run_case(name: str, case: tuple, budget: float, args) -> dict:
         overrides = [*extra, *args.overrides, f"trainer.memory_budget_gb={budget}", f"trainer.max_steps={args.steps}",
                      f"trainer.log_every_n_steps={args.every}", f"log.root={tmp}", f"log.name={name}",
                      "log.tensorboard=false", "sampling.enabled=false", f"trainer.checkpoint_every_n_steps={10 * args.steps}",
-                     "trainer.enable_progress_bar=false"]
+                     "trainer.final_checkpoint=false", "trainer.enable_progress_bar=false"]
         if args.device == "cpu":
             overrides.append("trainer.accelerator=cpu")
         spec = {"factory": factory, "latent": latent, "budget": budget, "device": args.device, "overrides": overrides}

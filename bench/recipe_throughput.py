@@ -71,7 +71,8 @@ SUITES = {
 def _launcher_cmd(case: RecipeCase, run_root: Path, steps: int, every: int, device: str) -> list[str]:
     extra = [f"trainer.max_steps={steps}", f"trainer.log_every_n_steps={every}", f"log.root={run_root}",
              f"log.name={case.name}", "log.tensorboard=false", "sampling.enabled=false",
-             f"trainer.checkpoint_every_n_steps={10 * steps}", "trainer.enable_progress_bar=false"]
+             f"trainer.checkpoint_every_n_steps={10 * steps}", "trainer.final_checkpoint=false",
+             "trainer.enable_progress_bar=false"]
     if device == "cpu":
         extra.append("trainer.accelerator=cpu")
     return [sys.executable, str(ROOT / "launchers" / "train.py"), "--factory", case.factory, "--yes",

@@ -129,17 +129,28 @@ def run_n(a, nprocs: int, overrides: list[str], run_root: Path) -> dict:
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     lines = log_path.read_text(errors="replace").splitlines()
     row["step_log"] = [ln for ln in lines if ln.startswith("step ")][-3:]
-    perf = run_root / name / "perf.jsonl"
-    if rc != 0 or not perf.exists():
-        why = f"exit {rc}" if rc != 0 else "no perf.jsonl"
-        row.update(error=why, log_tail=rank_tail(lines))
-    else:
-        try:
-            row.update(read_perf(perf, a.skip))
-        except (RuntimeError, ValueError, KeyError) as e:
-            row.update(error=f"unreadable perf.jsonl: {e}", log_tail=rank_tail(lines))
+    row.update(outcome(rc, run_root / name / "perf.jsonl", a.skip, lines))
     print(f"[N={nprocs}] {describe(row)}", flush=True)
     return row
+
+
+def outcome(rc: int | str, perf: Path, skip: int, lines: list[str]) -> dict:
+    """A run's figures from its ``perf.jsonl``, or ``error`` + ``log_tail``. ``rc``: the exit code, or a string
+    for a run ended by the limit, whose intervals logged before it still count (with a ``note`` saying so)."""
+    failed = rc if isinstance(rc, str) else f"exit {rc}"
+    if rc != 0 and not isinstance(rc, str) or not perf.exists():
+        return {"error": failed if rc != 0 else "no perf.jsonl", "log_tail": rank_tail(lines)}
+    logged = sum(1 for line in perf.read_text().splitlines() if line.strip())
+    if rc != 0 and logged <= skip:
+        return {"error": f"{failed} after {logged} logged interval(s), all warm-up", "log_tail": rank_tail(lines)}
+    try:
+        figures = read_perf(perf, skip)
+    except (RuntimeError, ValueError, KeyError) as e:
+        why = f"unreadable perf.jsonl: {e}"
+        return {"error": f"{failed} ({why})" if rc != 0 else why, "log_tail": rank_tail(lines)}
+    if rc != 0:
+        figures.update(note=f"{rc}: the figures are the intervals logged before the limit", log_tail=rank_tail(lines))
+    return figures
 
 
 def describe(row: dict) -> str:

@@ -43,6 +43,7 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 500
     keep_last_n_checkpoints: int = 2  # newest N usable ones in the folder, across restarts (< 0: all)
+    final_checkpoint: bool = True  # write one after the last step; False: runs kept for their figures only
     nonfinite: str = "stop"  # NaN/Inf loss or gradients: "stop" the run, or "skip" the update (nemo_vfm.lightning.nonfinite)
     nonfinite_max_consecutive: int = 10  # with "skip": stop after this many bad steps in a row
     enable_progress_bar: bool = True
@@ -374,17 +375,20 @@ def _fit(pl_trainer, module, data, resume, log: ExperimentConfig, rank: int) -> 
 
 
 def _summarise(pl_trainer, exp_dir: Path, trainer_cfg: TrainerConfig, samples, rank: int) -> dict:
-    """Write the final checkpoint if the last step has none, and return (and print) the run's summary."""
+    """Write the final checkpoint if the last step has none (unless ``final_checkpoint=False``), and return (and
+    print) the run's summary."""
     from nemo_vfm.lightning import checkpointing as ckpt_files
 
     ckpt_dir = exp_dir / "checkpoints"
     last = ckpt_dir / f"step={pl_trainer.global_step:08d}.ckpt"
-    if not last.exists():
+    if not trainer_cfg.final_checkpoint and not last.exists():
+        last = None
+    elif not last.exists():
         pl_trainer.save_checkpoint(last, weights_only=False)  # a full checkpoint: optimizer and loops too
         if rank == 0:
             ckpt_files.prune_checkpoints(ckpt_dir, trainer_cfg.keep_last_n_checkpoints)
     loss = pl_trainer.callback_metrics.get("train/loss")
-    summary = {"exp_dir": str(exp_dir), "checkpoint": str(last), "step": pl_trainer.global_step,
+    summary = {"exp_dir": str(exp_dir), "checkpoint": str(last) if last else None, "step": pl_trainer.global_step,
                "loss": float(loss) if loss is not None else None,
                "samples": [str(p) for p in (samples.written if samples else [])],
                "sample_metrics": samples.metrics.get(pl_trainer.global_step, {}) if samples else {}}

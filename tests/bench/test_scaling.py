@@ -119,3 +119,16 @@ def test_bandwidth_interpolates_in_log_size():
     assert bw.busbw("all_reduce", 2**30, True) == 30.0  # under the 50 GB/s inter-node default
     with pytest.raises(ValueError, match="--comm"):
         bw.busbw("all_gather", 2**20, False)
+
+
+def test_outcome_keeps_the_intervals_logged_before_a_timeout(tmp_path):
+    perf = tmp_path / "perf.jsonl"
+    row = {"step_time_s": 0.5, "steps": 5, "tokens_per_s_per_gpu": 100.0}
+    perf.write_text("\n".join(json.dumps({**row, "step_time_s": t}) for t in (9.0, 0.5, 0.7)) + "\n")
+    ok = scaling.outcome(0, perf, 1, ["step 5"])
+    assert ok["step_s"] == pytest.approx(0.6) and "note" not in ok and "error" not in ok
+    late = scaling.outcome("timeout after 9 s", perf, 1, ["step 15", "training finished"])
+    assert late["step_s"] == pytest.approx(0.6) and late["note"].startswith("timeout after 9 s")
+    assert scaling.outcome("timeout after 9 s", perf, 3, [])["error"].endswith("all warm-up")
+    assert scaling.outcome(1, perf, 1, ["Traceback"])["error"] == "exit 1"
+    assert scaling.outcome(0, tmp_path / "none.jsonl", 1, [])["error"] == "no perf.jsonl"

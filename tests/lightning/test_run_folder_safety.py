@@ -105,3 +105,11 @@ def test_checkpoint_finite_reads_sharded_folders(tmp_path):
     dcp.save(state, checkpoint_id=str(tmp_path / "bad"), no_dist=True)
     assert checkpoint_finite(tmp_path / "bad") is False
     assert checkpoint_finite(tmp_path / "missing") is None
+
+
+def test_final_checkpoint_false_writes_none_after_the_last_step(tmp_path):
+    out = _train(tmp_path, 3, final_checkpoint=False)  # step 2 checkpointed by the cadence, step 3 not
+    assert out["step"] == 3 and out["checkpoint"] is None
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("*.ckpt")) == ["step=00000002.ckpt"]
+    out = _train(tmp_path / "default", 3)
+    assert Path(out["checkpoint"]).name == "step=00000003.ckpt" and Path(out["checkpoint"]).exists()
