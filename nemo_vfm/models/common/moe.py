@@ -76,8 +76,11 @@ class MoEConfig:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor parameter (experts under expert parallelism), the tensor otherwise."""
-    return t.to_local() if hasattr(t, "to_local") else t
+    """The local shard of a DTensor parameter (experts under expert parallelism), the tensor otherwise. An
+    ``isinstance`` test, not ``hasattr``: under ``torch.compile`` the latter is False for a DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def grouped_gemm_available(x: torch.Tensor) -> bool:
