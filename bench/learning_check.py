@@ -136,7 +136,7 @@ def plot(result: dict, out_png: Path) -> Path:
 
 
 def compare_losses(runs: dict[str, Path], out_png: Path, window: int = 100) -> Path:
-    """Training-loss curves of several runs' ``metrics.jsonl`` (folders), each smoothed over ``window`` steps, in
+    """Training-loss curves of several runs (folders with ``metrics.jsonl`` or ``learning_check.json``), each smoothed over ``window`` steps, in
     one plot (e.g. dense vs sparse attention with the same preset and steps)."""
     import matplotlib
 
@@ -148,9 +148,13 @@ def compare_losses(runs: dict[str, Path], out_png: Path, window: int = 100) -> P
 
     fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=110)
     for label, folder in runs.items():
-        rows = [r for r in read_metrics(Path(folder) / "metrics.jsonl") if "loss" in r]
+        metrics, result = Path(folder) / "metrics.jsonl", Path(folder) / "learning_check.json"
+        if metrics.exists():
+            rows = [r for r in read_metrics(metrics) if "loss" in r]
+        else:  # a result folder under bench/results: the losses its learning_check.json recorded
+            rows = json.loads(result.read_text())["loss"] if result.exists() else []
         if not rows:
-            raise ValueError(f"{folder}/metrics.jsonl has no loss rows")
+            raise ValueError(f"{folder} has no loss rows (metrics.jsonl or learning_check.json)")
         steps, loss = np.array([r["step"] for r in rows]), np.array([r["loss"] for r in rows])
         w = max(1, min(window, len(loss)))
         ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), lw=1.0, label=f"{label} ({w}-step mean)")

@@ -265,8 +265,10 @@ def test_recipes_turn_sparse_attention_on_and_train(tmp_path):
         (3, 3, 3),
     )
     assert recipe.trainer.strategy.context_parallel_kind == "a2a" and recipe.lora is not None
-    for r in (dit.pretrain_xl_sparse(), dit.pretrain_7b_sparse()):
-        assert fdl.build(r.model).attention == "sta"
+    assert recipe.model.attention_dense_blocks == ()
+    for r in (dit.pretrain_xl_sparse(), dit.pretrain_7b_sparse()):  # from scratch: first and middle blocks dense
+        built = fdl.build(r.model)
+        assert built.attention == "sta" and built.attention_dense_blocks == (0, 14) and built.num_layers == 28
     with pytest.raises(NotImplementedError, match="DiT and Wan families"):
         finetune.with_sparse_attention(stdit.pretrain_stdit_xl())
     with pytest.raises(ValueError, match="LoRA would keep frozen at zero"):
