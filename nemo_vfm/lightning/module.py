@@ -121,9 +121,9 @@ class DiffusionModule(L.LightningModule):
                 raise TypeError(f"pipeline parallelism needs an objective with {missing} (as EDM and FlowMatching "
                                 f"have); {type(self.objective).__name__} has not.")
         strategy = self._trainer.strategy if self._trainer is not None else None
-        # A parallel strategy that streams pretrained weights onto the mesh: build unallocated; the strategy
-        # parallelises, materialises and loads (VFMParallelStrategy.streams_weights), adapters included.
-        meta = bool(getattr(strategy, "streams_weights", lambda cfg: False)(self.model_config))
+        # Built unallocated where the strategy fills the laid-out network itself (VFMParallelStrategy.builds_meta):
+        # streamed pretrained weights, adapters included, or rank 0's network on the other ranks.
+        meta = bool(getattr(strategy, "builds_meta", lambda cfg: False)(self.model_config))
         self.model = self.model_config.build("meta") if meta else self.model_config.build()
         if self.lora is not None:
             from nemo_vfm.models.common.lora import apply_lora, init_lora_weights

@@ -59,6 +59,19 @@ class PipelineStages:
             stages, self._stage_ids = self.spec.build_pipeline_stages(net, self.parallel_mesh, **kwargs)
             setattr(module, name, StageList(stages))
 
+    @torch.no_grad()
+    def _broadcast_weights(self, net) -> None:
+        """Make every rank start from rank 0's weights (before sharding, so layouts agree). Tensors go
+        through the device one at a time (NCCL needs them there; a no-op where they already are)."""
+        if torch.distributed.get_world_size() == 1:
+            return
+        for t in list(net.parameters()) + list(net.buffers()):
+            data = t.data
+            buf = data.to(self.root_device)
+            torch.distributed.broadcast(buf, src=0)
+            if buf.data_ptr() != data.data_ptr():
+                data.copy_(buf)
+
     def pipeline_step(self, x: torch.Tensor, latent_thw: tuple[int, int, int], loss_fn, **cond):
         """Forward and backward of one batch through this rank's stages.
 

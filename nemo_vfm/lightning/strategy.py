@@ -9,8 +9,9 @@ layers); ranks left over after TP x CP x PP become data parallel (sharded with F
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
 The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies the family's plan (e.g.
 :func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it and to its EMA copy before Lightning creates the
-optimizer. A network initialised in ``configure_model`` is broadcast from rank 0 before it is sharded. A config that
-names pretrained weights (``WanConfig.pretrained``) is built on the meta device instead (:meth:`streams_weights`):
+optimizer. Trained from scratch by several processes, the network is initialised by rank 0 alone (the others build it
+on meta, :meth:`builds_meta`), laid out on meta, and each tensor sent from rank 0 by one broadcast (each rank keeps its
+shard; never whole on a GPU). A config naming pretrained weights (``WanConfig.pretrained``) is built on meta (:meth:`streams_weights`):
 the plan is applied, ``to_empty`` allocates each rank's shards, and ``init_weights()`` reads only those slices from
 the safetensors shards; LoRA adapters are seeded by path (as in one process). The EMA copy is built on meta in
 both cases and takes the model's shards once laid out (:attr:`fills_ema`). After each backward the strategy
@@ -54,6 +55,7 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from nemo_vfm.lightning.pipeline_strategy import PipelineStages, _flat_optimizer_state
 from nemo_vfm.parallel.config import ParallelConfig
 from nemo_vfm.parallel.dims import ParallelDims
+from nemo_vfm.parallel.materialize import copy_local, fill_from_rank0, take_tensors
 
 _SETTINGS = {f.name for f in dataclasses.fields(ParallelConfig)}  # VFMParallelStrategy's knobs that are not Lightning's
 
@@ -68,6 +70,8 @@ def family_spec(model_or_config):
 class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
     """4D-parallel strategy. Knob names follow NeMo/Megatron; each is a field of
     :class:`~nemo_vfm.parallel.config.ParallelConfig` (``self.config``), documented there; see the module docstring."""
+
+    _rank0_tensors = None  # from scratch: rank 0's tensors ({} elsewhere) until the laid-out network has them
 
     # The fields of ParallelConfig (same names and defaults: tests/parallel/test_parallel_config.py), then Lightning's.
     def __init__(
@@ -238,25 +242,33 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
     fills_ema = property(lambda self: not self.pipeline_parallel)  # EMA: a meta copy, laid out, the model's shards
 
+    def _from_rank0(self, cfg) -> bool:  # several processes, no pipeline stages, nothing to stream
+        return self.world_size > 1 and not self.pipeline_parallel and not self.streams_weights(cfg)
+
+    def builds_meta(self, cfg) -> bool:
+        """Whether the module builds its network on meta: streamed weights, or from scratch on every rank but 0."""
+        return self.streams_weights(cfg) or (self._from_rank0(cfg) and self.global_rank != 0)
+
     def _parallelize(self, net, source=None) -> None:
-        device = self.root_device
         kwargs = self.family_knobs(self.spec)
-        filled = source is not None or self.streams_weights(getattr(net, "cfg", None))  # EMA: the model's shards
+        cfg = getattr(net, "cfg", None)
+        if source is None and self._from_rank0(cfg):  # rank 0 keeps its tensors, its network becomes meta
+            self._rank0_tensors = take_tensors(net) if self.global_rank == 0 else {}
+        filled = source is not None or self.streams_weights(cfg) or self._rank0_tensors is not None
         if filled and any(p.is_meta for p in net.parameters()):  # meta -> plan -> to_empty -> weights, never whole
             self.spec.parallelize(net, self.parallel_mesh, **kwargs)
             swap = self._block_swapper(net, source)
             with swap.kept_on_host() if swap else nullcontext():  # cpu_offload: FSDP2 wants its shards on the host
-                net.to_empty(device="cpu" if self.config.cpu_offload else device)
+                net.to_empty(device="cpu" if self.config.cpu_offload else self.root_device)
             self._load_streamed(net, source)
             self._install_offload(net, swap)
             net._vfm_parallelized = True
             return
-        self._materialize(net, device)
+        self._materialize(net, self.root_device)
         swap = self._block_swapper(net, source)
         if not self.config.cpu_offload:  # FSDP2 moves each unit's states to the device and its shards back itself
             with swap.kept_on_host() if swap else nullcontext():
-                net.to(device)
-        self._broadcast_weights(net)
+                net.to(self.root_device)
         self.spec.parallelize(net, self.parallel_mesh, **kwargs)
         self._install_offload(net, swap)
         net._vfm_parallelized = True
@@ -281,35 +293,23 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
     @torch.no_grad()
     def _load_streamed(self, net, source=None) -> None:
-        """Fill a parallelised, just materialised network: from ``source`` (the loaded model, for its EMA copy),
-        else its pretrained weights (``init_weights()``) and LoRA adapters seeded as in one process."""
+        """Fill a parallelised, just materialised network: from ``source`` (the loaded model, for its EMA copy), from
+        rank 0's tensors (trained from scratch), else its pretrained weights (``init_weights()``) and LoRA adapters
+        seeded as in one process."""
         from nemo_vfm.models.common.lora import init_lora_weights
-        from nemo_vfm.parallel.materialize import copy_local
 
         if source is not None:
-            copy_local(net, source)
-            return
+            return copy_local(net, source)
+        if self._rank0_tensors is not None:
+            return fill_from_rank0(net, self.__dict__.pop("_rank0_tensors"), self.root_device)
         net.init_weights()
         init_lora_weights(net, getattr(self.lightning_module, "seed", 0))
 
     @staticmethod
-    def _materialize(net, device) -> None:
+    def _materialize(net, device) -> None:  # a meta network (the PP path): on ``device``, initialised
         if any(p.is_meta for p in net.parameters()):
             net.to_empty(device=device)
             net.init_weights()
-
-    @torch.no_grad()
-    def _broadcast_weights(self, net) -> None:
-        """Make every rank start from rank 0's weights (before sharding, so layouts agree). Tensors go
-        through the device one at a time (NCCL needs them there; a no-op where they already are)."""
-        if torch.distributed.get_world_size() == 1:
-            return
-        for t in list(net.parameters()) + list(net.buffers()):
-            data = t.data
-            buf = data.to(self.root_device)
-            torch.distributed.broadcast(buf, src=0)
-            if buf.data_ptr() != data.data_ptr():
-                data.copy_(buf)
 
     def batch_to_device(self, batch, device=None, dataloader_idx: int = 0):
         """On CUDA the batch is copied on a side stream that the compute stream then waits for: the host runs

@@ -5,14 +5,54 @@ uninitialised local shards. :func:`fill_local` writes one parameter from a reade
 the full tensor (a safetensors slice, a slice of a tensor in memory): under plain ``Shard`` / ``Replicate``
 placements the rank reads exactly the region it holds, never the full tensor. :func:`copy_local` copies one
 network's local shards into another laid out the same way (the EMA copy of a freshly loaded network).
+:func:`take_tensors` and :func:`fill_from_rank0` lay out a network trained from scratch that only rank 0 built
+and initialised: every rank parallelises a meta network, then each tensor comes from rank 0 by one broadcast.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 
 import torch
 from torch import nn
+
+
+def _named_tensors(net: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters then buffers (persistent or not), wrapper prefixes removed from the names (compile, checkpoint)."""
+    from nemo_vfm.parallel.grads import clean_name
+
+    return [(clean_name(n), t) for n, t in chain(net.named_parameters(), net.named_buffers())]
+
+
+def take_tensors(net: nn.Module) -> dict[str, torch.Tensor]:
+    """Rank 0's initialised network -> ``{name: tensor}`` of its parameters and buffers, the network itself moved
+    to the meta device (the tensors stay in host memory until :func:`fill_from_rank0` has sent them)."""
+    tensors = {n: t.detach() for n, t in _named_tensors(net)}
+    net.to("meta")
+    return tensors
+
+
+@torch.no_grad()
+def fill_from_rank0(net: nn.Module, tensors: dict[str, torch.Tensor] | None, device: torch.device) -> None:
+    """Fill a laid-out, materialised network on every rank from rank 0's ``tensors`` (:func:`take_tensors`; None
+    or empty on the other ranks): one broadcast per tensor through ``device``, in the network's order, each rank
+    keeping its own region. Rank 0 first checks that it has every tensor, and all ranks raise together if not."""
+    import torch.distributed as dist
+
+    named = _named_tensors(net)
+    rank0 = dist.get_rank() == 0
+    missing = [n for n, t in named if n not in tensors or tuple(tensors[n].shape) != tuple(t.shape)] if rank0 else []
+    flag = torch.tensor([len(missing)], device=device)
+    dist.broadcast(flag, src=0)
+    if int(flag.item()):
+        raise RuntimeError(f"rank 0's network does not match the laid-out one ({int(flag.item())} tensors missing or "
+                           f"of another shape{': ' + ', '.join(missing[:5]) if missing else ''}); build the same "
+                           f"network on every rank")
+    for name, t in named:
+        full = tensors.pop(name).to(device, t.dtype) if rank0 else torch.empty(t.shape, dtype=t.dtype, device=device)
+        dist.broadcast(full, src=0)
+        fill_local(t, lambda region, full=full: full if region is None else full[region])
 
 
 def local_region(p: torch.Tensor) -> tuple[slice, ...] | None:

@@ -156,3 +156,67 @@ def test_fsdp2_fused_adamw_clips_through_grad_scale(tmp_path):
     fused = run_distributed(_clipped_fsdp_loss, 2, str(tmp_path / "fused"), True)
     plain = run_distributed(_clipped_fsdp_loss, 2, str(tmp_path / "plain"), False)
     assert fused == pytest.approx(plain, rel=1e-5)  # each rank's loss of step 3
+
+
+def _weights_at_train_start(rank, world, root, strategy_kw):
+    """The full weights and buffers as training starts, and whether this rank built its network on meta."""
+    import lightning as L
+    from torch.distributed.tensor import DTensor
+
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.models.dit.model import DiTConfig
+    from nemo_vfm.parallel.grads import clean_name
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    seen = {}
+
+    class Capture(L.Callback):
+        def on_train_start(self, trainer, module):
+            full = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+            named = list(module.model.named_parameters()) + list(module.model.named_buffers())
+            seen["tensors"] = {clean_name(n): full(t) for n, t in named}
+            seen["meta_build"] = trainer.strategy.builds_meta(module.model_config)
+
+    model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16, adaln_lora_rank=4)
+    data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16,
+                                context_length=3, batch_size=2, num_samples=8)
+    trainer = TrainerConfig(max_steps=1, devices=world, accelerator="cpu", precision="32-true", callbacks=[Capture()],
+                            strategy=VFMParallelStrategy(param_dtype=None, **strategy_kw), enable_progress_bar=False)
+    train(model=model, data=data, trainer=trainer, log=ExperimentConfig(name="w", root=root, tensorboard=False),
+          ema_decay=0.9)
+    return seen
+
+
+def test_a_network_from_scratch_is_initialised_by_rank_0_alone(tmp_path):
+    """Several processes: only rank 0 builds and initialises the network; the others build it on meta and receive
+    each tensor once it is laid out, so the weights at train start are the one-process weights, in every layout."""
+    import torch
+
+    one = run_distributed(_weights_at_train_start, 1, str(tmp_path / "one"), {})[0]
+    assert not one["meta_build"]
+    for kw in ({}, {"tensor_model_parallel_size": 2}):  # FSDP2 over 2; TP2
+        ranks = run_distributed(_weights_at_train_start, 2, str(tmp_path / f"two{len(kw)}"), kw)
+        assert [r["meta_build"] for r in ranks] == [False, True]
+        for r in ranks:
+            assert r["tensors"].keys() == one["tensors"].keys()
+            bad = [n for n, t in one["tensors"].items() if not torch.equal(r["tensors"][n], t)]
+            assert not bad, (kw, bad)
+
+
+def test_fill_from_rank0_refuses_a_network_rank_0_does_not_have(tmp_path):
+    assert run_distributed(_mismatched_fill, 2) == ["refused", "refused"]
+
+
+def _mismatched_fill(rank, world):
+    import torch
+
+    from nemo_vfm.parallel.materialize import fill_from_rank0, take_tensors
+
+    net = torch.nn.Linear(3, 4)
+    tensors = take_tensors(torch.nn.Linear(3, 5)) if rank == 0 else {}  # rank 0 built another shape
+    try:
+        fill_from_rank0(net, tensors, torch.device("cpu"))
+    except RuntimeError as e:
+        assert "does not match the laid-out one" in str(e) and ("weight" in str(e) or rank)
+        return "refused"
+    return "filled"
