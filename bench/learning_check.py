@@ -12,6 +12,10 @@ captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
     # sparse attention (STA, 37.5% of the tile pairs at the gpu preset's 16 x 16 x 16 grid)
     python bench/learning_check.py --preset gpu --set model.attention=sta --set "model.attention_tile=[2,8,8]" \
         --set "model.attention_window=[3,3,3]"
+    # LoRA from a finished run, frozen base in bf16 or FP8 (issue 27: the two should train alike)
+    python bench/learning_check.py --preset gpu --steps 2400 --out lc_base
+    python bench/learning_check.py --preset gpu --steps 2400 --set init_from=lc_base/run --set lora.rank=64 \
+        --set lora.frozen_dtype=fp8 --out lc_lora_fp8
     # the training losses of finished runs side by side
     python bench/learning_check.py --compare dense=RUN_A sta=RUN_B --out losses.png
 
@@ -54,7 +58,7 @@ def preset(name: str) -> dict:
             objective=EDM(sigma_data=0.5, prediction="x0", p_mean=0.5, p_std=1.5),
             optim=OptimConfig(lr=3e-3, warmup_steps=50, schedule="cosine"),
             sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=16),
-            ema_decay=0.995, cond_dropout=0.1, seed=1234)
+            ema_decay=0.995, cond_dropout=0.1, seed=1234, init_from=None, lora=None)
     if name == "gpu":  # DiT-S, 16x64x64 pixels -> 12x16x32x32 latents, patch (1, 2, 2): 4,096 tokens per clip
         # run 1 (RoPE only, p_mean -1.2, lr 3e-4; bench/results/learning_check_gpu_1) drew fragments: these are
         # the CPU demo's fixes (sin-cos positions, paths centred), with the noise levels moved up to where 16x64x64
@@ -76,7 +80,7 @@ def preset(name: str) -> dict:
             objective=EDM(sigma_data=0.5, prediction="x0", p_mean=1.0, p_std=1.6),
             optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule="cosine"),
             sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=32),
-            ema_decay=0.998, cond_dropout=0.1, seed=1234)
+            ema_decay=0.998, cond_dropout=0.1, seed=1234, init_from=None, lora=None)
     raise ValueError(f"unknown preset {name!r}; choose quickstart or gpu")
 
 
@@ -94,6 +98,10 @@ def _set(cfg: dict, assignment: str) -> None:
         cfg[section] = value
         return
     obj = cfg[section]
+    if obj is None and section == "lora":  # the first lora.* field turns LoRA on
+        from nemo_vfm.models.common.lora import LoRAConfig
+
+        obj = cfg["lora"] = LoRAConfig()
     if not hasattr(obj, attr):
         raise ValueError(f"--set {assignment}: {type(obj).__name__} has no field {attr!r}")
     if isinstance(getattr(obj, attr), tuple):

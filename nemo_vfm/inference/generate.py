@@ -84,14 +84,16 @@ def write_videos(videos_NCTHW: torch.Tensor, stem: str | Path, fps: float = 8.0,
 def generate_videos(net, objective, tokenizer, text_encoder, prompts: list[str], latent_shape, cfg: SamplingConfig,
                     device=None, fps: float | None = None, progress: bool = False) -> tuple[torch.Tensor, dict]:
     """Prompts -> decoded videos ``(N, 3, T, H, W)`` in [-1, 1], and per-stage seconds. On a GPU the network
-    runs under bf16 autocast, as ``vfm generate`` samples there (the sampler's state stays fp32)."""
+    runs under bf16 autocast, as ``vfm generate`` samples there (the sampler's state stays fp32); on the CPU too
+    where the network holds bf16 weights (a LoRA run's frozen base, ``lora.frozen_dtype``), which need it."""
     times = {}
     t0 = time.perf_counter()
     cond, uncond = text_conditions(text_encoder, prompts, device, fps)
     times["text_encode_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    on_gpu = (torch.device(device) if device is not None else next(net.parameters()).device).type == "cuda"
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu):
+    kind = (torch.device(device) if device is not None else next(net.parameters()).device).type
+    bf16 = kind == "cuda" or any(p.dtype == torch.bfloat16 for p in net.parameters())
+    with torch.autocast(kind, dtype=torch.bfloat16, enabled=bf16):
         latents = generate_latents(net, objective, latent_shape, cond, uncond, cfg, device, progress)
     times["denoise_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()

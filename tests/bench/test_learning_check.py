@@ -91,3 +91,22 @@ def test_compare_reads_a_result_folder(tmp_path):
     (tmp_path / "r" / "learning_check.json").write_text(json.dumps({"loss": [{"step": s, "loss": 1 / s} for s in range(1, 9)]}))
     out = lc.compare_losses({"r": tmp_path / "r"}, tmp_path / "r.png", window=4)
     assert out.stat().st_size > 0
+
+
+def test_lora_from_a_finished_run_with_an_fp8_base(tmp_path):
+    """The FP8-base check of issue 27 at CPU size: a base run, then LoRA from its checkpoint with the frozen base in
+    FP8 (bf16 autocast); only the adapters train."""
+    tiny = ["--preset", "quickstart", "--steps", "2", "--eval-every", "2", "--device", "cpu", "--set", "data.num_clips=8",
+            "--set", "data.batch_size=4", "--set", "sampling.num_samples=2", "--set", "sampling.num_steps=2",
+            "--set", "model.num_layers=1", "--set", "trainer.log_every_n_steps=1"]
+    assert lc.main([*tiny, "--out", str(tmp_path / "base")]) == 1
+    lora = ["--set", f"init_from={tmp_path / 'base' / 'run'}", "--set", "lora.rank=4", "--set", "lora.frozen_dtype=fp8",
+            "--set", "trainer.precision=bf16-mixed"]
+    assert lc.main([*tiny, *lora, "--out", str(tmp_path / "fp8")]) == 1
+    d = json.loads((tmp_path / "fp8" / "learning_check.json").read_text())
+    assert "frozen_dtype='fp8'" in d["config"]["lora"] and [r["step"] for r in d["loss"]] == [1, 2]
+    from nemo_vfm.inference.checkpoint import raw_state_dict, read_checkpoint_info
+
+    state = raw_state_dict(read_checkpoint_info(tmp_path / "fp8" / "run"))
+    assert any(".lora_A." in k for k in state) and any(v.dtype.is_floating_point is False for k, v in state.items()
+                                                        if k.endswith(".base.weight"))  # e4m3 bits (uint8)
