@@ -59,6 +59,8 @@ def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
             recipe.model.num_kv_heads, recipe.model.ffn_size = 1, 64
         if cls == "STDiTConfig":
             recipe.model.ffn_size = 64
+        if getattr(recipe.model, "attention_dense_blocks", ()):  # the sparse recipes' dense blocks, in 2 layers
+            recipe.model.attention_dense_blocks = (0,)
     model = fdl.build(recipe.model)
     if recipe.data.__fn_or_cls__ is ShapesDataModule:
         recipe.data.num_clips, recipe.data.batch_size = 4, 2
