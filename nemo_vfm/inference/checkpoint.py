@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 from nemo_vfm.inference.checkpoint_info import CheckpointInfo
+from nemo_vfm.inference.published import KINDS as PUBLISHED
+from nemo_vfm.inference.published import load_published, published_info, published_state_dict
 from nemo_vfm.io.config_header import from_header_json, to_header_json
 
 META_KEY = "nemo_vfm"  # safetensors header entry holding the JSON config
@@ -70,11 +72,15 @@ def resolve_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path:
 
 
 # -- reading ------------------------------------------------------------------------------------------
-def _from_hparams(path: Path, kind: str, hp: dict, step: int, state=None) -> CheckpointInfo:
+def _from_hparams(path: Path, kind: str, ckpt: dict, state=None) -> CheckpointInfo:
+    from nemo_vfm.io.checkpoint_files import LORA_BASE_ENTRY
+
+    hp = ckpt.get("hyper_parameters", {})
     if "model_config" not in hp:
         raise ValueError(f"{path} was not written by nemo_vfm.train (no model_config in its hyper-parameters)")
-    return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], dict(hp.get("generation") or {}), step,
-                          state, hp.get("lora"))
+    return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], dict(hp.get("generation") or {}),
+                          int(ckpt.get("global_step", 0)), state, hp.get("lora"),
+                          base_from=(ckpt.get(LORA_BASE_ENTRY) or {}).get("pretrained"))
 
 
 def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> CheckpointInfo:
@@ -83,24 +89,9 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
     Pickled files load with ``weights_only=True`` (our config classes allowed); ``allow_pickle=True`` unpickles
     anything (trusted files only)."""
     from nemo_vfm.io.safe_load import safe_load
-    from nemo_vfm.models.wan.convert import is_wan_folder
 
-    if Path(path).is_dir() and is_wan_folder(path):
-        from nemo_vfm.inference.wan import wan_checkpoint_info
-
-        return wan_checkpoint_info(path)
-    from nemo_vfm.models.cosmos.convert import is_cosmos_folder
-
-    if Path(path).is_dir() and is_cosmos_folder(path):
-        from nemo_vfm.inference.cosmos import cosmos_checkpoint_info
-
-        return cosmos_checkpoint_info(path)
-    from nemo_vfm.models.hunyuan.convert import is_hunyuan_folder
-
-    if Path(path).is_dir() and is_hunyuan_folder(path):
-        from nemo_vfm.inference.hunyuan import hunyuan_checkpoint_info
-
-        return hunyuan_checkpoint_info(path)
+    if (published := published_info(path)) is not None:
+        return published
     path = resolve_checkpoint(path, allow_pickle)
     if path.is_dir():
         meta = path / "meta.pt"
@@ -108,7 +99,7 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
             raise ValueError(f"{path} is a distributed checkpoint without Lightning's meta.pt (no model config); "
                              "generate from a checkpoint written by nemo_vfm.train")
         ckpt = safe_load(meta, allow_pickle=allow_pickle)
-        info = _from_hparams(path, "dcp", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)))
+        info = _from_hparams(path, "dcp", ckpt)
         info.allow_pickle = allow_pickle
         return info
     if path.suffix == ".safetensors":
@@ -129,8 +120,7 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
         return CheckpointInfo(path, "safetensors", meta["model_config"], meta["objective"],
                               dict(meta.get("generation") or {}), int(meta.get("step", 0)))
     ckpt = safe_load(path, mmap=True, allow_pickle=allow_pickle)
-    return _from_hparams(path, "file", ckpt.get("hyper_parameters", {}), int(ckpt.get("global_step", 0)),
-                         ckpt["state_dict"])
+    return _from_hparams(path, "file", ckpt, ckpt["state_dict"])
 
 
 def _dcp_metadata(info: CheckpointInfo) -> dict:
@@ -165,7 +155,26 @@ def full_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, tor
 
 
 def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
-    """All weights as saved (LoRA runs: ``.base.`` / ``.lora_A.`` / ``.lora_B.`` keys), full tensors."""
+    """All weights as saved (LoRA runs: ``.base.`` / ``.lora_A.`` / ``.lora_B.`` keys), full tensors; a LoRA
+    checkpoint saved without its frozen base (``info.base_from``) gets it from that folder, under the saved names."""
+    saved = _saved_state_dict(info, use_ema)
+    paths = {k.split(".lora_A.")[0] for k in saved if ".lora_A." in k}
+    for name, v in raw_state_dict(_base_info(info)).items() if info.base_from else ():  # plain names
+        head, _, leaf = name.rpartition(".")
+        saved.setdefault(f"{head}.base.{leaf}" if head in paths else name, v)
+    return saved
+
+
+def _base_info(info: CheckpointInfo) -> CheckpointInfo:
+    """The published folder a LoRA checkpoint's frozen base comes from (read as its own checkpoint)."""
+    if not Path(info.base_from).is_dir():
+        raise FileNotFoundError(f"{info.path} holds LoRA adapters without their frozen base, which comes from "
+                                f"{info.base_from}: that folder is not here; put the published weights there (or "
+                                f"link them) to load this checkpoint")
+    return dataclasses.replace(read_checkpoint_info(info.base_from), model_config=info.model_config)
+
+
+def _saved_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:
     if info.kind == "file":
         p = _prefix(info._state, use_ema)
         return {k[len(p):]: v for k, v in info._state.items() if k.startswith(p)}
@@ -173,16 +182,8 @@ def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torc
         from safetensors.torch import load_file
 
         return load_file(str(info.path))
-    if info.kind == "wan":  # a published folder: its safetensors shards, under our names
-        from nemo_vfm.models.wan.convert import load_pretrained
-
-        return dict(load_pretrained(info.path, config=info.model_config).state_dict())
-    if info.kind == "cosmos":
-        from nemo_vfm.models.cosmos.convert import load_pretrained as load_cosmos
-
-        return dict(load_cosmos(info.path, config=info.model_config).state_dict())
-    if info.kind == "hunyuan":
-        return dict(dataclasses.replace(info.model_config, pretrained=str(info.path)).build().state_dict())
+    if info.kind in PUBLISHED:  # a published folder: its safetensors shards, under our names
+        return published_state_dict(info)
     import torch.distributed.checkpoint as dcp
 
     md = _dcp_metadata(info)
@@ -268,21 +269,8 @@ def check_finite_weights(net: torch.nn.Module, path) -> None:
 def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
     own = net.state_dict()
     net_lora = any(".lora_A." in k for k in own)
-    if info.kind == "wan":  # streamed from the folder's safetensors shards, each rank its own pieces
-        from nemo_vfm.models.wan.weights import load_weights as load_wan
-
-        load_wan(net, info.path)  # a LoRA network: its base weights (adapters kept)
-        return
-    if info.kind == "cosmos":
-        from nemo_vfm.models.cosmos.weights import load_weights as load_cosmos
-
-        load_cosmos(net, info.path)
-        return
-    if info.kind == "hunyuan":
-        from nemo_vfm.models.hunyuan.weights import load_weights as load_hunyuan
-
-        load_hunyuan(net, info.path)
-        return
+    if info.kind in PUBLISHED:  # streamed from the folder's safetensors shards, each rank its own pieces
+        return load_published(net, info)
     from nemo_vfm.models.common.fp8_weights import fill_quantized_from, quantized_bases
 
     quantized = {}  # FP8 LoRA bases (frozen_dtype="fp8") by plain name: quantised from the checkpoint's float weights
@@ -291,7 +279,7 @@ def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = Tr
         quantized = quantized_bases(net, own)
     fill = lambda k, v, full: fill_quantized_from(quantized[k], full) if k in quantized else _copy_full(v, full, k)
     raw = net_lora and info.lora is not None  # LoRA run into a LoRA network: the saved keys as they are
-    if info.kind == "dcp" and (info.lora is None or raw):  # else: adapters merged on the full tensors (below)
+    if info.kind == "dcp" and (info.lora is None or raw) and not info.base_from:  # else: full tensors (below)
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 

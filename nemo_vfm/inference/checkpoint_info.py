@@ -21,3 +21,4 @@ class CheckpointInfo:
     _state: dict | None = field(default=None, repr=False)  # the loaded state of a ``file`` checkpoint
     lora: object = None  # the LoRAConfig of a LoRA run (its adapters are merged into the weights on loading)
     allow_pickle: bool = field(default=False, repr=False)  # a DCP .metadata unpickled without the allow-list
+    base_from: str | None = None  # a LoRA checkpoint saved without its frozen base: the published folder holding it

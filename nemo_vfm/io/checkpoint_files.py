@@ -26,6 +26,9 @@ import warnings
 import zipfile
 from pathlib import Path
 
+# entry of a LoRA checkpoint saved without its frozen base: {"pretrained": folder, "omitted": tensors left out}
+# (nemo_vfm.lightning.lora_checkpoint writes it; nemo_vfm.inference.checkpoint reads the base from the folder)
+LORA_BASE_ENTRY = "lora_base"
 CKPT_RE = re.compile(r"^step=(\d+)\.ckpt$")
 TMP_RE = re.compile(r"^\.step=\d+\.ckpt\.tmp(\d+)$")
 

@@ -187,8 +187,10 @@ def find_resume(ckpt_dir: Path, allow_pickle: bool = False, move: bool = True) -
     return latest_checkpoint(ckpt_dir, deep=True, allow_pickle=allow_pickle, on_skip=skip)
 
 
-def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object]:
-    """``{name: shape}`` of the saved network weights (``model.*``) and the saved model config."""
+def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object, bool]:
+    """``{name: shape}`` of the saved network weights (``model.*``), the saved model config, and whether the
+    checkpoint leaves its frozen LoRA base out (``nemo_vfm.lightning.lora_checkpoint``)."""
+    from nemo_vfm.io.checkpoint_files import LORA_BASE_ENTRY
     from nemo_vfm.io.safe_load import safe_load
 
     if path.is_dir():
@@ -202,7 +204,7 @@ def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object]:
         meta = safe_load(path, mmap=True, allow_pickle=allow_pickle)
         shapes = {k: tuple(v.shape) for k, v in meta.get("state_dict", {}).items()
                   if k.startswith("model.") and torch.is_tensor(v)}
-    return shapes, (meta.get("hyper_parameters") or {}).get("model_config")
+    return shapes, (meta.get("hyper_parameters") or {}).get("model_config"), LORA_BASE_ENTRY in meta
 
 
 def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=None) -> None:
@@ -210,7 +212,7 @@ def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=N
     (before anything is written or built for real: the network is built on the meta device)."""
     import dataclasses
 
-    saved, old_cfg = _checkpoint_shapes(Path(path), allow_pickle)
+    saved, old_cfg, no_base = _checkpoint_shapes(Path(path), allow_pickle)
     if not saved or not hasattr(model_config, "build"):
         return
     try:
@@ -225,7 +227,8 @@ def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=N
     own = {f"model.{k}": tuple(v.shape) for k, v in net.state_dict().items()}
     # keys may differ in wrappers; compare the shapes of the names both have, and the names themselves
     diff = [(k, saved[k], own[k]) for k in sorted(set(saved) & set(own)) if saved[k] != own[k]]
-    missing = sorted(set(own) - set(saved))
+    frozen = {f"model.{n}" for n, p in net.named_parameters() if not p.requires_grad} if no_base else set()
+    missing = sorted(set(own) - set(saved) - frozen)  # a LoRA checkpoint may leave its frozen base out
     if not diff and not missing:
         return
     changed = ""

@@ -140,6 +140,17 @@ class DiffusionModule(L.LightningModule):
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """A LoRA run on published weights saves no frozen base (``nemo_vfm.lightning.lora_checkpoint``)."""
+        from nemo_vfm.lightning.lora_checkpoint import omit_frozen_base
+
+        omit_frozen_base(checkpoint, self)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        from nemo_vfm.lightning.lora_checkpoint import fill_omitted
+
+        fill_omitted(checkpoint, self)
+
     @property
     def num_classes(self) -> int | None:
         return getattr(self.model_config, "num_classes", 0) or None

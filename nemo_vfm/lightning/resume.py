@@ -26,6 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from nemo_vfm.lightning.lora_checkpoint import BASE_ENTRY, check_omitted
+
 META_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint
 
 
@@ -46,19 +48,29 @@ def _load_sharded(path: Path, module, optimizers, strict: bool, weights_only: bo
 
     from nemo_vfm.io.dcp_metadata import SafeFileSystemReader
 
+    meta = path / META_FILE
+    rest = torch.load(meta, weights_only=weights_only) if meta.is_file() else {}
+    reader = SafeFileSystemReader(path, allow_pickle=not weights_only)  # .metadata: read with the allow-list
     state = {"state_dict": get_model_state_dict(module)}
+    if BASE_ENTRY in rest:  # a LoRA checkpoint without its frozen base: the network holds it already
+        saved = {k.removeprefix("state_dict.") for k in reader.read_metadata().state_dict_metadata}
+        check_omitted([k for k in state["state_dict"] if k not in saved], module, path)
+        state["state_dict"] = {k: v for k, v in state["state_dict"].items() if k in saved}
+        strict = False
     for i, opt in enumerate(optimizers):
         state[f"optimizer_{i}"] = get_optimizer_state_dict(module, opt)
-    dcp.load(state, storage_reader=SafeFileSystemReader(path, allow_pickle=not weights_only))  # .metadata: allow-list
+    dcp.load(state, storage_reader=reader)
     set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=strict))
     for i, opt in enumerate(optimizers):
         set_optimizer_state_dict(module, opt, state[f"optimizer_{i}"])
-    meta = path / META_FILE
-    return torch.load(meta, weights_only=weights_only) if meta.is_file() else {}
+    return rest
 
 
 def _load_full(path: Path, module, optimizers, strict: bool, weights_only: bool) -> dict:
     checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    if BASE_ENTRY in checkpoint:  # a LoRA checkpoint without its frozen base: the network holds it already
+        check_omitted([k for k in get_model_state_dict(module) if k not in checkpoint["state_dict"]], module, path)
+        strict = False
     full = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(module, checkpoint.pop("state_dict"), options=full)
     saved = checkpoint.get("optimizer_states", [])

@@ -1,0 +1,65 @@
+"""LoRA checkpoints without the frozen base.
+
+A LoRA run whose base comes from published weights (``model.pretrained``, e.g. a Wan folder) saves its adapters,
+its other trainable weights, buffers and optimizer state, but not the frozen base: a Wan-14B LoRA checkpoint is the
+adapters' ~0.6 GB instead of ~28 GB, and its EMA copy does not repeat the base either. The checkpoint names the
+folder under ``lora_base``. Resume rebuilds the network from the same config (the base streams from the folder
+again) and loads the rest; the inference loaders (``nemo_vfm.inference.checkpoint``: ``vfm generate``, exports,
+``init_from``) read the base from the folder and the rest from the checkpoint. A run whose base came from
+``init_from`` (a checkpoint, which a later run may not find) keeps saving its base.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_vfm.io.checkpoint_files import LORA_BASE_ENTRY as BASE_ENTRY
+from nemo_vfm.parallel.grads import clean_name
+
+
+def base_folder(module) -> str | None:
+    """The published-weights folder a LoRA module's frozen base comes from, or None (its base is saved)."""
+    folder = getattr(getattr(module, "model_config", None), "pretrained", None)
+    return str(folder) if getattr(module, "lora", None) is not None and folder else None
+
+
+def frozen_state_keys(net: torch.nn.Module, roots=("model", "ema")) -> set[str]:
+    """``root.name`` of every frozen parameter of ``net`` (clean names), under each of the module's ``roots``."""
+    frozen = {clean_name(n) for n, p in net.named_parameters() if not p.requires_grad}
+    return {f"{root}.{n}" for root in roots for n in frozen}
+
+
+def omit_frozen_base(checkpoint: dict, module) -> None:
+    """Drop the frozen base from ``checkpoint["state_dict"]`` (model and EMA) where it comes from a folder, and
+    name that folder under :data:`BASE_ENTRY` (the LightningModule's ``on_save_checkpoint``)."""
+    folder = base_folder(module)
+    if folder is None or "state_dict" not in checkpoint:
+        return
+    frozen = frozen_state_keys(module.model)
+    state = checkpoint["state_dict"]
+    omitted = [k for k in state if clean_name(k) in frozen]
+    for k in omitted:
+        del state[k]
+    checkpoint[BASE_ENTRY] = {"pretrained": folder, "omitted": len(omitted)}
+
+
+def check_omitted(missing, module, path) -> None:
+    """Raise unless every state key ``missing`` from the checkpoint at ``path`` is a frozen base weight that the
+    checkpoint left out on purpose (its network was built with that base already loaded)."""
+    frozen = frozen_state_keys(module.model)
+    other = sorted(k for k in missing if clean_name(k) not in frozen)
+    if other:
+        raise ValueError(f"cannot resume from {path}: it lacks {len(other)} weight(s) that are not the frozen LoRA "
+                         f"base it leaves out, e.g. {other[:3]}; resume with the settings that wrote it")
+
+
+def fill_omitted(checkpoint: dict, module) -> None:
+    """Put the module's current (already loaded) base weights in place of those the checkpoint left out, for
+    loaders that need every key (Lightning's own: the LightningModule's ``on_load_checkpoint``)."""
+    if BASE_ENTRY not in checkpoint or "state_dict" not in checkpoint:
+        return
+    state, own = checkpoint["state_dict"], module.state_dict()
+    missing = [k for k in own if k not in state]
+    check_omitted(missing, module, checkpoint.get(BASE_ENTRY, {}).get("pretrained"))
+    for k in missing:
+        state[k] = own[k]
