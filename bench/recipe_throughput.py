@@ -81,7 +81,12 @@ def _launcher_cmd(case: RecipeCase, run_root: Path, steps: int, every: int, devi
 
 def read_perf(path: Path, skip: int) -> dict:
     """Median figures of a run's ``perf.jsonl`` after dropping the first ``skip`` log intervals."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:  # a run killed while writing its last row
+        lines = lines[:-1]
+    rows = [json.loads(line) for line in lines]
     kept = rows[skip:] or rows[-1:]
     if not kept:
         raise RuntimeError(f"{path} has no rows")

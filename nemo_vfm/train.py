@@ -215,6 +215,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
             _write_class_samples(model, objective, data, init_from, sampling)
         module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
                                  lora=lora)
+        module.base_from_init = init_from is not None  # a LoRA base from init_from is saved (lora_checkpoint.py)
         if data.tokenizer_spec is not None:  # what vfm generate rebuilds
             module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
                                             "latent_shape": list(data.latent_shape), "fps": data.fps}

@@ -29,6 +29,7 @@ from nemo_vfm.inference.checkpoint_info import CheckpointInfo
 from nemo_vfm.inference.published import KINDS as PUBLISHED
 from nemo_vfm.inference.published import load_published, published_info, published_state_dict
 from nemo_vfm.io.config_header import from_header_json, to_header_json
+from nemo_vfm.models.common.fp8_weights import quantize_rowwise
 
 META_KEY = "nemo_vfm"  # safetensors header entry holding the JSON config
 
@@ -159,8 +160,14 @@ def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torc
     checkpoint saved without its frozen base (``info.base_from``) gets it from that folder, under the saved names."""
     saved = _saved_state_dict(info, use_ema)
     paths = {k.split(".lora_A.")[0] for k in saved if ".lora_A." in k}
+    frozen = getattr(info.lora, "frozen_dtype", None)  # the base as the run stored it (apply_lora)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(frozen)
     for name, v in raw_state_dict(_base_info(info)).items() if info.base_from else ():  # plain names
         head, _, leaf = name.rpartition(".")
+        if frozen == "fp8" and head in paths and leaf == "weight":  # e4m3 bits + row scales, as trained
+            saved[f"{head}.base.weight"], saved[f"{head}.base.weight_scale"] = quantize_rowwise(v)
+            continue
+        v = v.to(dtype) if dtype is not None and v.is_floating_point() else v
         saved.setdefault(f"{head}.base.{leaf}" if head in paths else name, v)
     return saved
 

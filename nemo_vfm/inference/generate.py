@@ -85,15 +85,16 @@ def generate_videos(net, objective, tokenizer, text_encoder, prompts: list[str],
                     device=None, fps: float | None = None, progress: bool = False) -> tuple[torch.Tensor, dict]:
     """Prompts -> decoded videos ``(N, 3, T, H, W)`` in [-1, 1], and per-stage seconds. On a GPU the network
     runs under bf16 autocast, as ``vfm generate`` samples there (the sampler's state stays fp32); on the CPU too
-    where the network holds bf16 weights (a LoRA run's frozen base, ``lora.frozen_dtype``), which need it."""
+    where the network holds bf16 / fp16 weights (a LoRA run's frozen base, ``lora.frozen_dtype``), which need it."""
     times = {}
     t0 = time.perf_counter()
     cond, uncond = text_conditions(text_encoder, prompts, device, fps)
     times["text_encode_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     kind = (torch.device(device) if device is not None else next(net.parameters()).device).type
-    bf16 = kind == "cuda" or any(p.dtype == torch.bfloat16 for p in net.parameters())
-    with torch.autocast(kind, dtype=torch.bfloat16, enabled=bf16):
+    low = {p.dtype for p in net.parameters()} & {torch.bfloat16, torch.float16}  # e.g. a LoRA run's frozen base
+    dtype = torch.float16 if kind != "cuda" and low == {torch.float16} else torch.bfloat16
+    with torch.autocast(kind, dtype=dtype, enabled=kind == "cuda" or bool(low)):
         latents = generate_latents(net, objective, latent_shape, cond, uncond, cfg, device, progress)
     times["denoise_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()

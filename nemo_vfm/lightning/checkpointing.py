@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -187,9 +188,9 @@ def find_resume(ckpt_dir: Path, allow_pickle: bool = False, move: bool = True) -
     return latest_checkpoint(ckpt_dir, deep=True, allow_pickle=allow_pickle, on_skip=skip)
 
 
-def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object, bool]:
-    """``{name: shape}`` of the saved network weights (``model.*``), the saved model config, and whether the
-    checkpoint leaves its frozen LoRA base out (``nemo_vfm.lightning.lora_checkpoint``)."""
+def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object, dict | None]:
+    """``{name: shape}`` of the saved network weights (``model.*``), the saved model config, and the entry of a
+    checkpoint that leaves its frozen LoRA base out (``nemo_vfm.lightning.lora_checkpoint``), else None."""
     from nemo_vfm.io.checkpoint_files import LORA_BASE_ENTRY
     from nemo_vfm.io.safe_load import safe_load
 
@@ -204,7 +205,7 @@ def _checkpoint_shapes(path: Path, allow_pickle: bool) -> tuple[dict, object, bo
         meta = safe_load(path, mmap=True, allow_pickle=allow_pickle)
         shapes = {k: tuple(v.shape) for k, v in meta.get("state_dict", {}).items()
                   if k.startswith("model.") and torch.is_tensor(v)}
-    return shapes, (meta.get("hyper_parameters") or {}).get("model_config"), LORA_BASE_ENTRY in meta
+    return shapes, (meta.get("hyper_parameters") or {}).get("model_config"), meta.get(LORA_BASE_ENTRY)
 
 
 def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=None) -> None:
@@ -215,6 +216,14 @@ def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=N
     saved, old_cfg, no_base = _checkpoint_shapes(Path(path), allow_pickle)
     if not saved or not hasattr(model_config, "build"):
         return
+    if no_base:  # the network must read its frozen base from the folder the run trained on
+        folder, now = no_base.get("pretrained"), getattr(model_config, "pretrained", None)
+        if not now:
+            raise ValueError(f"cannot resume from {path}: it holds LoRA adapters without their frozen base, which "
+                             f"comes from {folder}; set model.pretrained={folder}")
+        if str(now) != str(folder):
+            warnings.warn(f"resuming {path} with its frozen base from {now}, not from {folder} where it was trained; "
+                          "make sure both hold the same weights", stacklevel=2)
     try:
         net = model_config.build("meta")
     except TypeError:

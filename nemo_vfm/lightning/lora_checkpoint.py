@@ -5,8 +5,9 @@ its other trainable weights, buffers and optimizer state, but not the frozen bas
 adapters' ~0.6 GB instead of ~28 GB, and its EMA copy does not repeat the base either. The checkpoint names the
 folder under ``lora_base``. Resume rebuilds the network from the same config (the base streams from the folder
 again) and loads the rest; the inference loaders (``nemo_vfm.inference.checkpoint``: ``vfm generate``, exports,
-``init_from``) read the base from the folder and the rest from the checkpoint. A run whose base came from
-``init_from`` (a checkpoint, which a later run may not find) keeps saving its base.
+``init_from``) read the base from the folder and the rest from the checkpoint, in the dtype the run stored it
+(``lora.frozen_dtype``: bf16, or FP8 bits quantised again). A run given ``init_from`` (whose weights replace the
+folder's) keeps saving its base.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from nemo_vfm.parallel.grads import clean_name
 
 
 def base_folder(module) -> str | None:
-    """The published-weights folder a LoRA module's frozen base comes from, or None (its base is saved)."""
+    """The published-weights folder a LoRA module's frozen base comes from, or None (its base is saved: no LoRA,
+    no folder, or a base that ``init_from`` replaced, ``module.base_from_init``)."""
     folder = getattr(getattr(module, "model_config", None), "pretrained", None)
-    return str(folder) if getattr(module, "lora", None) is not None and folder else None
+    lora = getattr(module, "lora", None) is not None and not getattr(module, "base_from_init", False)
+    return str(folder) if lora and folder else None
 
 
 def frozen_state_keys(net: torch.nn.Module, roots=("model", "ema")) -> set[str]:
@@ -40,7 +43,8 @@ def omit_frozen_base(checkpoint: dict, module) -> None:
     omitted = [k for k in state if clean_name(k) in frozen]
     for k in omitted:
         del state[k]
-    checkpoint[BASE_ENTRY] = {"pretrained": folder, "omitted": len(omitted)}
+    if omitted:  # (pipeline stages name their weights otherwise: nothing matches, the base stays)
+        checkpoint[BASE_ENTRY] = {"pretrained": folder, "omitted": len(omitted)}
 
 
 def check_omitted(missing, module, path) -> None:

@@ -37,7 +37,8 @@ def take_tensors(net: nn.Module) -> dict[str, torch.Tensor]:
 def fill_from_rank0(net: nn.Module, tensors: dict[str, torch.Tensor] | None, device: torch.device) -> None:
     """Fill a laid-out, materialised network on every rank from rank 0's ``tensors`` (:func:`take_tensors`; None
     or empty on the other ranks): one broadcast per tensor through ``device``, in the network's order, each rank
-    keeping its own region. Rank 0 first checks that it has every tensor, and all ranks raise together if not."""
+    keeping its own region, then rank 0's random state. Rank 0 first checks that it has every tensor, and all ranks
+    raise together if not."""
     import torch.distributed as dist
 
     named = _named_tensors(net)
@@ -53,6 +54,14 @@ def fill_from_rank0(net: nn.Module, tensors: dict[str, torch.Tensor] | None, dev
         full = tensors.pop(name).to(device, t.dtype) if rank0 else torch.empty(t.shape, dtype=t.dtype, device=device)
         dist.broadcast(full, src=0)
         fill_local(t, lambda region, full=full: full if region is None else full[region])
+    # rank 0 alone drew the initialisation: every rank continues from its random state (dropout masks agree)
+    state = torch.get_rng_state().to(device)
+    dist.broadcast(state, src=0)
+    torch.set_rng_state(state.cpu())
+    if device.type == "cuda":
+        cuda = torch.cuda.get_rng_state(device).to(device)
+        dist.broadcast(cuda, src=0)
+        torch.cuda.set_rng_state(cuda.cpu(), device)
 
 
 def local_region(p: torch.Tensor) -> tuple[slice, ...] | None:

@@ -26,7 +26,7 @@ def wan_folder(tmp_path_factory):
     return out
 
 
-def _train(rank, world, root, folder, steps, strategy="vfm"):
+def _train(rank, world, root, folder, steps, strategy="vfm", pretrained=True):
     """LoRA on the folder's weights; returns the summary and the EMA network's state (LoRA names) at the end."""
     import lightning as L
 
@@ -45,7 +45,7 @@ def _train(rank, world, root, folder, steps, strategy="vfm"):
             full = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
             end.update({k: full(v) for k, v in module.ema.state_dict().items()})
 
-    model = read_config(folder, pretrained=str(folder))
+    model = read_config(folder, pretrained=str(folder) if pretrained else None)
     data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16, context_length=4,
                                 batch_size=2, num_samples=8)
     trainer = TrainerConfig(max_steps=steps, devices=world, accelerator="cpu", precision="32-true", callbacks=[Keep()],
@@ -134,3 +134,22 @@ def test_a_missing_base_folder_is_named(tmp_path, wan_folder):
     shutil.rmtree(folder)
     with pytest.raises(FileNotFoundError, match="without their frozen base"):
         load_checkpoint(run["summary"]["checkpoint"])
+
+
+def test_resume_without_the_folder_is_refused(tmp_path, wan_folder):
+    _train(0, 1, tmp_path, wan_folder, 2)
+    with pytest.raises(ValueError, match="without their frozen base.*set model.pretrained="):
+        _train(0, 1, tmp_path, wan_folder, 3, pretrained=False)
+
+
+def test_which_runs_leave_the_base_out():
+    """Only LoRA on a published folder, and not when init_from replaced the folder's weights."""
+    from types import SimpleNamespace as NS
+
+    from nemo_vfm.lightning.lora_checkpoint import base_folder
+
+    cfg = NS(pretrained="/w/Wan")
+    assert base_folder(NS(model_config=cfg, lora=object(), base_from_init=False)) == "/w/Wan"
+    assert base_folder(NS(model_config=cfg, lora=object(), base_from_init=True)) is None  # init_from's base
+    assert base_folder(NS(model_config=cfg, lora=None)) is None  # full fine-tuning saves everything
+    assert base_folder(NS(model_config=NS(pretrained=None), lora=object())) is None

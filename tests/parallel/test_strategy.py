@@ -161,6 +161,7 @@ def test_fsdp2_fused_adamw_clips_through_grad_scale(tmp_path):
 def _weights_at_train_start(rank, world, root, strategy_kw):
     """The full weights and buffers as training starts, and whether this rank built its network on meta."""
     import lightning as L
+    import torch
     from torch.distributed.tensor import DTensor
 
     from nemo_vfm.data.synthetic import MockLatentDataModule
@@ -176,6 +177,7 @@ def _weights_at_train_start(rank, world, root, strategy_kw):
             named = list(module.model.named_parameters()) + list(module.model.named_buffers())
             seen["tensors"] = {clean_name(n): full(t) for n, t in named}
             seen["meta_build"] = trainer.strategy.builds_meta(module.model_config)
+            seen["rng"] = torch.get_rng_state()
 
     model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16, adaln_lora_rank=4)
     data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16,
@@ -197,6 +199,7 @@ def test_a_network_from_scratch_is_initialised_by_rank_0_alone(tmp_path):
     for kw in ({}, {"tensor_model_parallel_size": 2}):  # FSDP2 over 2; TP2
         ranks = run_distributed(_weights_at_train_start, 2, str(tmp_path / f"two{len(kw)}"), kw)
         assert [r["meta_build"] for r in ranks] == [False, True]
+        assert torch.equal(ranks[0]["rng"], ranks[1]["rng"])  # rank 0's random state after its initialisation
         for r in ranks:
             assert r["tensors"].keys() == one["tensors"].keys()
             bad = [n for n, t in one["tensors"].items() if not torch.equal(r["tensors"][n], t)]
