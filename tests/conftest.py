@@ -1,5 +1,6 @@
 """Suite-wide hygiene: a test that trains in this process under ``VFMParallelStrategy`` (one process, gloo) leaves
-the default process group up; tear it down so the next test starts without one."""
+the default process group up; tear it down so the next test starts without one. Shared fixtures: a run-folder lock
+holder, and a tiny random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
 
 import pytest
 
@@ -38,3 +39,16 @@ def lock_holder():
     for p in procs:
         p.kill()
         p.wait()
+
+
+@pytest.fixture(scope="module")
+def wan_folder(tmp_path_factory):
+    pytest.importorskip("diffusers")
+    from nemo_vfm.models.wan import convert
+    from nemo_vfm.models.wan.model import WanConfig
+
+    cfg = WanConfig(num_layers=2, hidden_size=32, num_heads=2, ffn_size=64, in_channels=4, out_channels=4,
+                    context_dim=16, freq_dim=32, text_len=8)
+    out = tmp_path_factory.mktemp("wan")
+    convert.save_weights(cfg.build().state_dict(), out, cfg, layout="diffusers")
+    return out

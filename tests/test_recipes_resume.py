@@ -32,19 +32,6 @@ ONE_PROCESS = dict(tensor_model_parallel_size=1, context_parallel_size=1, pipeli
                    expert_model_parallel_size=1, data_parallel_replicate_size=1, sequence_parallel=False)
 
 
-@pytest.fixture(scope="module")
-def wan_folder(tmp_path_factory):
-    pytest.importorskip("diffusers")
-    from nemo_vfm.models.wan import convert
-    from nemo_vfm.models.wan.model import WanConfig
-
-    cfg = WanConfig(num_layers=2, hidden_size=32, num_heads=2, ffn_size=64, in_channels=4, out_channels=4,
-                    context_dim=16, freq_dim=32, text_len=8)
-    out = tmp_path_factory.mktemp("wan")
-    convert.save_weights(cfg.build().state_dict(), out, cfg, layout="diffusers")
-    return out
-
-
 def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
     recipe = catalogue._get((get_type_namespace(train), name))()
     cls = recipe.model.__fn_or_cls__.__name__

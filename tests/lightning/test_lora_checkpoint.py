@@ -13,19 +13,6 @@ from nemo_vfm.io.checkpoint_files import LORA_BASE_ENTRY
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 
 
-@pytest.fixture(scope="module")
-def wan_folder(tmp_path_factory):
-    pytest.importorskip("diffusers")
-    from nemo_vfm.models.wan import convert
-    from nemo_vfm.models.wan.model import WanConfig
-
-    cfg = WanConfig(num_layers=2, hidden_size=32, num_heads=2, ffn_size=64, in_channels=4, out_channels=4,
-                    context_dim=16, freq_dim=32, text_len=8)
-    out = tmp_path_factory.mktemp("wan")
-    convert.save_weights(cfg.build().state_dict(), out, cfg, layout="diffusers")
-    return out
-
-
 def _train(rank, world, root, folder, steps, strategy="vfm", pretrained=True):
     """LoRA on the folder's weights; returns the summary and the EMA network's state (LoRA names) at the end."""
     import lightning as L
