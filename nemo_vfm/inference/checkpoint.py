@@ -162,7 +162,8 @@ def raw_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torc
     paths = {k.split(".lora_A.")[0] for k in saved if ".lora_A." in k}
     frozen = getattr(info.lora, "frozen_dtype", None)  # the base as the run stored it (apply_lora)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(frozen)
-    for name, v in raw_state_dict(_base_info(info)).items() if info.base_from else ():  # plain names
+    base = published_state_dict(_base_info(info), None if frozen == "fp8" else dtype) if info.base_from else {}
+    for name, v in base.items():  # plain names; an FP8 base quantised from the folder's values, as in training
         head, _, leaf = name.rpartition(".")
         if frozen == "fp8" and head in paths and leaf == "weight":  # e4m3 bits + row scales, as trained
             saved[f"{head}.base.weight"], saved[f"{head}.base.weight_scale"] = quantize_rowwise(v)
@@ -178,7 +179,11 @@ def _base_info(info: CheckpointInfo) -> CheckpointInfo:
         raise FileNotFoundError(f"{info.path} holds LoRA adapters without their frozen base, which comes from "
                                 f"{info.base_from}: that folder is not here; put the published weights there (or "
                                 f"link them) to load this checkpoint")
-    return dataclasses.replace(read_checkpoint_info(info.base_from), model_config=info.model_config)
+    base = read_checkpoint_info(info.base_from)
+    if base.kind not in PUBLISHED:
+        raise ValueError(f"{info.path}'s frozen base comes from {info.base_from}, which is not a published weights "
+                         f"folder ({', '.join(PUBLISHED)})")
+    return dataclasses.replace(base, model_config=info.model_config)
 
 
 def _saved_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, torch.Tensor]:

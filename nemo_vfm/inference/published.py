@@ -39,17 +39,19 @@ def published_info(path) -> CheckpointInfo | None:
     return None
 
 
-def published_state_dict(info: CheckpointInfo) -> dict[str, torch.Tensor]:
-    """A published folder's weights under our names (``info.kind`` in :data:`KINDS`)."""
+def published_state_dict(info: CheckpointInfo, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A published folder's weights under our names (``info.kind`` in :data:`KINDS`), floating ones in ``dtype``
+    (Wan and Cosmos are read straight into it; None: the network's default)."""
     if info.kind == "wan":
         from nemo_vfm.models.wan.convert import load_pretrained
 
-        return dict(load_pretrained(info.path, config=info.model_config).state_dict())
+        return dict(load_pretrained(info.path, dtype=dtype, config=info.model_config).state_dict())
     if info.kind == "cosmos":
         from nemo_vfm.models.cosmos.convert import load_pretrained as load_cosmos
 
-        return dict(load_cosmos(info.path, config=info.model_config).state_dict())
-    return dict(dataclasses.replace(info.model_config, pretrained=str(info.path)).build().state_dict())
+        return dict(load_cosmos(info.path, dtype=dtype, config=info.model_config).state_dict())
+    net = dataclasses.replace(info.model_config, pretrained=str(info.path)).build()
+    return dict((net.to(dtype) if dtype is not None else net).state_dict())
 
 
 def load_published(net: torch.nn.Module, info: CheckpointInfo) -> None:

@@ -140,3 +140,16 @@ def test_which_runs_leave_the_base_out():
     assert base_folder(NS(model_config=cfg, lora=object(), base_from_init=True)) is None  # init_from's base
     assert base_folder(NS(model_config=cfg, lora=None)) is None  # full fine-tuning saves everything
     assert base_folder(NS(model_config=NS(pretrained=None), lora=object())) is None
+
+
+def test_the_folder_is_read_in_the_frozen_dtype(wan_folder):
+    """A bf16-base run's base comes back in bf16, read straight into it (not an fp32 copy first)."""
+    from nemo_vfm.inference.checkpoint import read_checkpoint_info
+    from nemo_vfm.inference.published import published_state_dict
+
+    info = read_checkpoint_info(wan_folder)
+    bf16 = published_state_dict(info, torch.bfloat16)
+    full = published_state_dict(info)
+    assert bf16.keys() == full.keys()
+    assert all(v.dtype == torch.bfloat16 and torch.equal(v, full[k].to(torch.bfloat16))
+               for k, v in bf16.items() if full[k].is_floating_point())
