@@ -213,6 +213,8 @@ def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=N
     (before anything is written or built for real: the network is built on the meta device)."""
     import dataclasses
 
+    from nemo_vfm.lightning.lora_checkpoint import frozen_state_keys
+
     saved, old_cfg, no_base = _checkpoint_shapes(Path(path), allow_pickle)
     if not saved or not hasattr(model_config, "build"):
         return
@@ -236,7 +238,7 @@ def check_resumable(path: Path, model_config, allow_pickle: bool = False, lora=N
     own = {f"model.{k}": tuple(v.shape) for k, v in net.state_dict().items()}
     # keys may differ in wrappers; compare the shapes of the names both have, and the names themselves
     diff = [(k, saved[k], own[k]) for k in sorted(set(saved) & set(own)) if saved[k] != own[k]]
-    frozen = {f"model.{n}" for n, p in net.named_parameters() if not p.requires_grad} if no_base else set()
+    frozen = frozen_state_keys(net, roots=("model",)) if no_base else set()
     missing = sorted(set(own) - set(saved) - frozen)  # a LoRA checkpoint may leave its frozen base out
     if not diff and not missing:
         return

@@ -14,9 +14,8 @@ on meta, :meth:`builds_meta`), laid out on meta, and each tensor sent from rank 
 shard; never whole on a GPU). A config naming pretrained weights (``WanConfig.pretrained``) is built on meta (:meth:`streams_weights`):
 the plan is applied, ``to_empty`` allocates each rank's shards, and ``init_weights()`` reads only those slices from
 the safetensors shards; LoRA adapters are seeded by path (as in one process). The EMA copy is built on meta in
-both cases and takes the model's shards once laid out (:attr:`fills_ema`). After each backward the strategy
-completes the gradients FSDP/DTensor leave partial (``nemo_vfm.parallel.grads.sync_grads``); gradient clipping uses
-the norm over the whole mesh. Checkpoints are sharded DCP folders, loadable under another layout.
+both cases and takes the model's shards once laid out (:attr:`fills_ema`). After backward the strategy completes the
+gradients FSDP/DTensor leave partial (``grads.sync_grads``); clipping uses the whole mesh's norm. Checkpoints: DCP.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
 ``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
@@ -300,8 +299,9 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
         if source is not None:
             return copy_local(net, source)
-        if self._rank0_tensors is not None:
-            return fill_from_rank0(net, self.__dict__.pop("_rank0_tensors"), self.root_device)
+        tensors, self._rank0_tensors = self._rank0_tensors, None  # sent once: rank 0's host copy is freed
+        if tensors is not None:
+            return fill_from_rank0(net, tensors, self.root_device)
         net.init_weights()
         init_lora_weights(net, getattr(self.lightning_module, "seed", 0))
 

@@ -17,11 +17,11 @@ from itertools import chain
 import torch
 from torch import nn
 
+from nemo_vfm.parallel.grads import clean_name
+
 
 def _named_tensors(net: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Parameters then buffers (persistent or not), wrapper prefixes removed from the names (compile, checkpoint)."""
-    from nemo_vfm.parallel.grads import clean_name
-
     return [(clean_name(n), t) for n, t in chain(net.named_parameters(), net.named_buffers())]
 
 
