@@ -29,9 +29,12 @@ block and outside the blocks:
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
   block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
-  Backward frees activations as it fills gradients, so the peak counts the larger of the two. Plus
-  ``OVERHEAD_GIB`` (CUDA context, workspaces, fragmentation).
-  Checked against the measured Wan 1.3B / 14B LoRA peaks in tests/lightning/test_memory_budget.py.
+  Backward frees activations as it fills gradients, so the peak counts the larger of the two. A compiled block's
+  backward holds ``BACKWARD_FFN_TENSORS`` token x FFN-width buffers beside them (fit to the 480p and 720p peaks;
+  eager blocks free them op by op: the offloading peaks match without). Plus ``OVERHEAD_GIB`` (CUDA context, workspaces). Fragmentation is not
+  modelled: a run with a budget on CUDA switches the allocator to expandable segments (a Wan-14B LoRA run at 720p
+  ran out of memory with 11.5 GiB reserved but unallocated without them).
+  Checked against the measured Wan 1.3B / 14B peaks in tests/lightning/test_memory_budget.py.
 
 Slowdown factors (estimates; relative to no checkpointing and nothing offloaded). Recomputation from the family's
 FLOP counter (a step = 3 forwards): full 4/3, selective 1 + (checkpointed share)/3, save_attention
@@ -59,7 +62,8 @@ from nemo_vfm.lightning.memory_workload import Workload, workload
 GIB = 1024**3
 ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed block keeps (fit, see above)
 OUTSIDE_RESIDUALS = 4  # token x hidden bf16 tensors outside the blocks (embedding, head, residual gradient)
-OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation (fit, see above)
+OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces (fit, see above)
+BACKWARD_FFN_TENSORS = 3  # token x FFN-width bf16 buffers a compiled block's backward holds (fit, see above)
 HEADROOM = 0.10  # estimates must fit (1 - HEADROOM) x budget: Wan-14B LoRA estimated at 23.7 GiB ran out of 24 (H100)
 EFFECTIVE_TFLOPS = 400.0  # bf16 model TFLOP/s of a step on an H100 (DiT-7B on one H100: 44% MFU = 435, DESIGN.md)
 HOST_LINK_GBPS = 25.0  # pinned host <-> device copies, one direction (PCIe 4/5 x16 in practice; not measured here)
@@ -105,6 +109,11 @@ def _checkpointed(w: Workload, mode: str) -> list[bool]:
     return [mode != "none"] * n
 
 
+def _compiled(w: Workload, s: MemorySettings) -> bool:
+    """Whether the blocks run compiled under ``s`` (activation_offload and block_swap run them eager)."""
+    return w.compile and not (s.activation_offload or s.block_swap)
+
+
 def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float]:
     """Bytes each block keeps for backward under ``mode`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
@@ -137,7 +146,7 @@ def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
     moved, resident, full = _kept_activations(w, s.activation_checkpointing)
     kept = min(2 * max(moved), sum(moved)) if s.activation_offload else sum(moved)  # offload: two blocks in flight
     acts = kept + resident + (full if s.activation_checkpointing != "none" else 0)
-    acts += OUTSIDE_RESIDUALS * w.tokens * w.hidden_size * 2
+    acts += (OUTSIDE_RESIDUALS * w.hidden_size + BACKWARD_FFN_TENSORS * w.ffn_size * _compiled(w, s)) * w.tokens * 2
     return {"weights and optimizer": weights, "max(gradients, activations)": max(grads, acts),
             "overhead": OVERHEAD_GIB * GIB}
 
@@ -179,7 +188,7 @@ def slowdown(w: Workload, s: MemorySettings) -> float:
     if s.activation_checkpointing == "save_attention":
         recompute = 1 - w.attention_share
     base_s = 3 * w.forward_flops / (EFFECTIVE_TFLOPS * 1e12)
-    compute_s = base_s * (1 + recompute / 3) * (EAGER if w.compile and (s.activation_offload or s.block_swap) else 1)
+    compute_s = base_s * (1 + recompute / 3) * (1 if _compiled(w, s) or not w.compile else EAGER)
     copies, mechanisms, host_s = 0.0, 0, 0.0
     if s.activation_offload:
         copies, mechanisms = copies + 2 * sum(moved), mechanisms + 1  # out in forward, back in backward
@@ -345,4 +354,8 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     if lora is not None:
         lora.frozen_dtype = s.frozen_dtype
     optim.name = s.optim_name
+    if torch.cuda.is_available() and str(trainer.accelerator) in ("auto", "gpu", "cuda"):
+        from nemo_vfm.parallel.activation_offload import expandable_segments
+
+        expandable_segments()  # the estimates leave no room for fragmentation (module docstring)
     return choice
