@@ -28,6 +28,7 @@ from nemo_vfm_recipes import dit
 # processed by 8 experts, 8 x 1024 = the dense 1B's FFN width 8192, so its active compute matches MovieGen-1B
 # (what bench/moe_throughput.py compares it with) while the FFNs hold 2x the dense parameters.
 ECDIT_1B_MOE = dict(num_experts=16, expert_ffn_size=1024, routing="expert_choice", capacity_factor=8.0)
+ECDIT_MICRO_BATCH = 48  # x 2 accumulated micro-batches = pretrain_ditllama1b's 96 (see pretrain_ecditllama1b)
 
 
 def moe_config(**kwargs) -> run.Config[MoEConfig]:
@@ -56,7 +57,8 @@ def moe_top_k() -> run.Config[MoEConfig]:
 @run.cli.factory(target=train)
 def pretrain_ecditllama1b() -> run.Partial:
     """EC-DiT-1B (NeMo's ``pretrain_ecditllama1b`` name): ``pretrain_ditllama1b`` (MovieGen-1B, 256 px image
-    stage, flow matching) with 16 experts x 1024 per block, expert choice, capacity factor 8, FSDP2.
+    stage, flow matching) with 16 experts x 1024 per block, expert choice, capacity factor 8, FSDP2; micro-batch
+    48 x 2 accumulated (the dense recipe's 96 per step).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_ecditllama1b --yes
     trainer.strategy.expert_model_parallel_size=2``
     Python: ``recipe = parallel.with_ep(moe.pretrain_ecditllama1b(), 2)``
@@ -66,6 +68,11 @@ def pretrain_ecditllama1b() -> run.Partial:
 
     recipe = with_moe(pretrain_ditllama1b(), **ECDIT_1B_MOE)
     recipe.log.name = "pretrain_ecditllama1b"
+    # The dense 1B's micro-batch of 96 ran out of memory (80 GB, EP4, 2026-11-26): expert choice at capacity 8 keeps
+    # 8 token copies per expert layer for backward (~2.7 GB a block at 24,576 tokens, against ~0.9 GB for the dense
+    # FFN). Half the micro-batch, two micro-batches a step: the dense recipe's global batch.
+    recipe.data.batch_size = ECDIT_MICRO_BATCH
+    recipe.trainer.accumulate_grad_batches = 96 // ECDIT_MICRO_BATCH
     return with_fsdp(recipe)
 
 

@@ -94,6 +94,12 @@ def test_ecditllama1b_active_parameters_match_the_dense_1b():
     assert abs(active - dense) / dense < 0.01 and net.num_params() > 1.4 * dense
 
 
+def test_ecditllama1b_steps_on_the_dense_1b_global_batch_in_two_micro_batches():
+    recipe, dense = moe.pretrain_ecditllama1b(), upstream.pretrain_ditllama1b()
+    assert recipe.data.batch_size * recipe.trainer.accumulate_grad_batches == dense.data.batch_size == 96
+    assert recipe.data.batch_size == 48
+
+
 # -- the staged recipes chain -------------------------------------------------------------------------
 def _tiny_stage(recipe, root: Path, latent, lr=1e-3):
     from nemo_vfm_recipes.moviegen import moviegen_model

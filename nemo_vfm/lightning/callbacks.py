@@ -26,11 +26,27 @@ def tokens_per_sample(latents: torch.Tensor, patch_size) -> int:
     return math.prod(patch_grid(latents, patch_size))
 
 
-class ThroughputLogger(L.Callback):
+class StepEndCallback(L.Callback):
+    """A callback that acts once per optimizer step. With ``accumulate_grad_batches = N`` only every N-th batch ends
+    a step (the global step moves): :meth:`step_ended`, asked once at each batch's end, tells which."""
+
+    _last_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self._last_step = trainer.global_step
+
+    def step_ended(self, trainer) -> bool:
+        ended = trainer.global_step != self._last_step
+        self._last_step = trainer.global_step
+        return ended
+
+
+class ThroughputLogger(StepEndCallback):
     """Every ``every_n_steps``: a step log line (loss, samples/s, tokens/s per GPU, step time and, on a GPU, model
     TFLOP/s per GPU, MFU and peak memory), logged as ``perf/*`` metrics too.
 
-    Time is measured between optimizer steps (data loading included) over the whole interval; the GPU is
+    Time is measured between optimizer steps (data loading included) over the whole interval, and a step's
+    samples, tokens and FLOPs are those of all its accumulated micro-batches; the GPU is
     synchronised only at log steps, so the hot loop never waits for the host. FLOPs are the analytic model
     FLOPs of ``model_config``'s family (its spec's ``flops``, through :func:`nemo_vfm.models.flops.train_step_flops`:
     3x forward, recomputation not counted; none for a config of no declared family), divided by the ranks that
@@ -43,13 +59,14 @@ class ThroughputLogger(L.Callback):
     def __init__(self, every_n_steps: int = 10, patch_size=(1, 1, 1), model_config=None, out: str | Path | None = None):
         self.every, self.patch_size, self.model_config = max(1, every_n_steps), patch_size, model_config
         self.out = Path(out) if out is not None else None  # perf.jsonl: one row per log step (rank 0)
-        self._t0, self._samples, self._tokens, self._steps, self._flops = None, 0, 0, 0, 0.0
+        self._t0, self._samples, self._tokens, self._steps, self._batches, self._flops = None, 0, 0, 0, 0, 0.0
         self._peak = None
         self._flops_by_shape: dict = {}
 
     def on_train_start(self, trainer, pl_module):
         from nemo_vfm.models.flops import peak_tflops
 
+        super().on_train_start(trainer, pl_module)
         if pl_module.device.type == "cuda":
             self._peak = peak_tflops(torch.cuda.get_device_name(pl_module.device))
             torch.cuda.reset_peak_memory_stats(pl_module.device)
@@ -96,13 +113,16 @@ class ThroughputLogger(L.Callback):
             self._samples += lat.shape[0]
             self._tokens += lat.shape[0] * tokens_per_sample(lat, self.patch_size)
             self._flops += self._step_flops(batch, lat)
+        self._batches += 1
+        if not self.step_ended(trainer):  # a micro-batch that only accumulated
+            return
         self._steps += 1
         if trainer.global_step % self.every and trainer.global_step != trainer.max_steps:
             return
         if lat.is_cuda:
             torch.cuda.synchronize()
         if packed:
-            self._flops = self._packed_flops(batch) * self._steps
+            self._flops = self._packed_flops(batch) * self._batches
         dt = time.perf_counter() - self._t0
         strategy = trainer.strategy
         dims = getattr(strategy, "dims", None)
@@ -129,7 +149,7 @@ class ThroughputLogger(L.Callback):
                                     **{k.removeprefix("perf/"): v for k, v in stats.items()}}) + "\n")
         loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
         rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | {line}" + _router_line(pl_module))
-        self._t0, self._samples, self._tokens, self._steps, self._flops = time.perf_counter(), 0, 0, 0, 0.0
+        self._t0, self._samples, self._tokens, self._steps, self._batches, self._flops = time.perf_counter(), 0, 0, 0, 0, 0.0
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -158,7 +178,7 @@ def _router_line(pl_module) -> str:
             f"unrouted {100 * stats['moe/unrouted'].item():.1f}% tokens/expert [{shown}]")
 
 
-class ScheduledGC(L.Callback):
+class ScheduledGC(StepEndCallback):
     """Python's garbage collector at fixed steps instead of whenever allocations cross its threshold.
 
     A collection walks the tracked objects of its generations; when one fires mid-step on one rank of a
@@ -178,13 +198,14 @@ class ScheduledGC(L.Callback):
         self._was_enabled = True
 
     def on_train_start(self, trainer, pl_module):
+        super().on_train_start(trainer, pl_module)
         self._was_enabled = gc.isenabled()
         gc.disable()
         gc.collect()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        if step % self.every == 0:
+        if self.step_ended(trainer) and step % self.every == 0:
             gc.collect(2 if step % (self.every * self.FULL_EVERY) == 0 else 1)
 
     def _restore(self):
@@ -198,7 +219,7 @@ class ScheduledGC(L.Callback):
         self._restore()
 
 
-class MetricsHistory(L.Callback):
+class MetricsHistory(StepEndCallback):
     """Appends ``{"step", "loss", ...}`` per optimizer step to ``metrics.jsonl`` (rank 0) and plots the
     loss curve to ``loss_curve.png`` when training ends. Appending keeps the history across resumes.
 
@@ -212,6 +233,7 @@ class MetricsHistory(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         """A run killed mid-append leaves a torn last line: end it, so the next row is not merged into it."""
+        super().on_train_start(trainer, pl_module)
         if trainer.global_rank == 0 and self.path.exists() and self.path.stat().st_size:
             with open(self.path, "rb+") as f:
                 f.seek(-1, 2)
@@ -219,7 +241,7 @@ class MetricsHistory(L.Callback):
                     f.write(b"\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_rank != 0:
+        if not self.step_ended(trainer) or trainer.global_rank != 0:  # one row per step: its last micro-batch's
             return
         log_step = trainer.global_step % self.every == 0 or trainer.global_step == trainer.max_steps
         metrics = getattr(pl_module, "step_metrics", None)  # the module's own (no host sync)
@@ -306,7 +328,7 @@ def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> Path:
     return Path(out_png)
 
 
-class SampleVideos(L.Callback):
+class SampleVideos(StepEndCallback):
     """Samples videos with the EMA network every ``every_n_steps`` (0: only at the end) and writes
     ``samples/step=N.mp4`` and ``.gif`` (a grid, one cell per prompt) plus the prompts as text.
 
@@ -340,6 +362,8 @@ class SampleVideos(L.Callback):
                                                             for k, v in metrics.items()))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self.step_ended(trainer):
+            return
         if self.every and trainer.global_step % self.every == 0 and trainer.global_step != trainer.max_steps:
             self._write(trainer, pl_module)
 

@@ -52,3 +52,30 @@ def test_gc_every_n_steps_is_validated():
     with pytest.raises(ValueError, match="gc_every_n_steps"):
         TrainerConfig(gc_every_n_steps=0)
     assert TrainerConfig(gc_every_n_steps=None).gc_every_n_steps is None
+
+
+def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path):
+    """``accumulate_grad_batches=2``: the step log, ``metrics.jsonl`` and the previews act at optimizer steps only
+    (before, each fired again on the next step's first micro-batch, and at step 0), and a logged step counts the
+    samples of both of its micro-batches."""
+    import json
+
+    from nemo_vfm.data.synthetic import ShapesDataModule
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.models.dit.flavors import dit_config
+    from nemo_vfm.train import ExperimentConfig, train
+
+    train(model=dit_config("tiny", in_channels=12, context_dim=16, patch_size=(1, 2, 2)),
+          data=ShapesDataModule(num_clips=32, num_frames=2, height=16, width=16, batch_size=4,
+                                tokenizer_kwargs={"spatial_compression": 2}, text_encoder_kwargs={"dim": 16}),
+          trainer=TrainerConfig(max_steps=4, precision="32-true", accelerator="cpu", devices=1, accumulate_grad_batches=2,
+                                enable_progress_bar=False, log_every_n_steps=2, final_checkpoint=False),
+          log=ExperimentConfig(name="run", root=str(tmp_path), tensorboard=False),
+          sampling=SamplingConfig(every_n_steps=2, num_steps=2, num_samples=1))
+    run = tmp_path / "run"
+    perf = [json.loads(line) for line in (run / "perf.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["steps"]) for r in perf] == [(2, 2), (4, 2)]
+    assert perf[0]["samples_per_s"] * perf[0]["step_time_s"] * 2 == pytest.approx(2 * 2 * 4)  # 2 steps x 2 x 4
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (run / "samples").glob("*.gif")) == ["step=00000002.gif", "step=00000004.gif"]
