@@ -6,6 +6,8 @@
     # the matrix of docs/finetuning.md (one H100): Wan 1.3B / 14B, LoRA / full, 480p / 720p x 81 frames
     python bench/memory_matrix.py --budgets 24,32,48,80 --out bench/results/memory_matrix_h100.json
     python bench/memory_matrix.py --only wan14b-lora-480p --budgets 24 --out /tmp/m.json
+    # one table and plot from several runs (e.g. one GPU per case on a 4-GPU machine)
+    python bench/memory_matrix.py --merge bench/results/memory_matrix_wan*_4xh100_bde64a9.json --out /tmp/all.json
     # CPU smoke run (what tests/bench does): no cap on the CPU, the chooser still runs
     python bench/memory_matrix.py --device cpu --case tiny=quickstart:2x8x8 --budgets 4 --steps 2 \\
         --set model.num_layers=2 --set model.hidden_size=64 --out /tmp/m.json
@@ -163,9 +165,14 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for case in dict.fromkeys(r["case"] for r in results):
-        pts = [(r["budget_gib"], r["step_s"]) for r in results if r["case"] == case and not r["error"] and r.get("step_s")]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=case)
+        rows = [r for r in results if r["case"] == case]
+        pts = sorted((r["budget_gib"], r["step_s"], not r["error"]) for r in rows if r.get("step_s"))
+        (line,) = ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], label=case)
+        for x, y, done in pts:  # hollow: stepped, then cut by the time limit
+            ax.plot(x, y, "o", color=line.get_color(), mfc=line.get_color() if done else "none")
+        oom = [r["budget_gib"] for r in rows if r["error"] == "out of memory"]
+        ax.plot(oom, [0] * len(oom), "x", color=line.get_color(), ms=9)
+    ax.set_title("x: out of memory; hollow: stepped, then cut by the time limit", fontsize=8)
     ax.set_xlabel("memory budget (GiB, emulated card size)")
     ax.set_ylabel("s / step")
     ax.legend(fontsize=7)
@@ -173,6 +180,23 @@ def plot(results: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def merge(files: list[Path], out: Path) -> None:
+    """One matrix from several runs' JSON files (each row keeps the device, date and commit of its run), ordered as
+    :data:`CASES`, then by budget."""
+    rows = []
+    for f in files:
+        run = json.loads(f.read_text())
+        rows += [{**r, "device": run["device"], "date": run["date"], "commit": run["commit"], "source": f.name}
+                 for r in run["results"]]
+    order = {name: i for i, name in enumerate(CASES)}
+    rows.sort(key=lambda r: (order.get(r["case"], len(order)), r["budget_gib"]))
+    out.write_text(json.dumps({"merged_from": [f.name for f in files], "results": rows}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table(rows) + "\n")
+    plot(rows, out.with_suffix(".png"))
+    print(table(rows))
+    print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
 
 
 def main(argv=None) -> int:
@@ -188,12 +212,17 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--commit")
     p.add_argument("--out")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="combine the rows of earlier runs into --out (JSON, "
+                   "Markdown table and plot; nothing is run)")
     args = p.parse_args(argv)
     if args.child:
         run_child(json.loads(args.child))
         return 0
     if not args.out:
         p.error("--out is required")
+    if args.merge:
+        merge([Path(f) for f in args.merge], Path(args.out))
+        return 0
     cases = dict(parse_case(c) for c in args.case) if args.case else dict(CASES)
     if args.only:
         names = args.only.split(",")

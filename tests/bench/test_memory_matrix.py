@@ -39,3 +39,24 @@ def test_case_spec_errors():
     assert mm.parse_case("a=quickstart:2x8x8") == ("a", ("quickstart", (2, 8, 8), []))
     with pytest.raises(ValueError, match="name=factory:TxHxW"):
         mm.parse_case("a=quickstart:2x8")
+
+
+def test_merge_orders_rows_as_the_cases_and_keeps_each_runs_origin(tmp_path):
+    def run(name, commit, rows):
+        (tmp_path / name).write_text(json.dumps({"device": "GPU", "date": "2026-11-26", "commit": commit,
+                                                 "results": rows}))
+        return str(tmp_path / name)
+
+    row = dict(chosen=["memory budget 80 GiB: no memory knob changed (estimated 1 GiB)"], error=None, step_s=2.0,
+               peak_mem_gib=1.0, last_logged_step=4)
+    a = run("a.json", "aaa", [{**row, "case": "wan14b-lora-480p", "budget_gib": 80.0},
+                              {**row, "case": "wan14b-lora-480p", "budget_gib": 24.0, "error": "out of memory",
+                               "step_s": None, "peak_mem_gib": None}])
+    b = run("b.json", "bbb", [{**row, "case": "wan1.3b-lora-480p", "budget_gib": 48.0}])
+    out = tmp_path / "all.json"
+    assert mm.main(["--merge", a, b, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["case"], r["budget_gib"], r["commit"]) for r in rows] == [
+        ("wan1.3b-lora-480p", 48.0, "bbb"), ("wan14b-lora-480p", 24.0, "aaa"), ("wan14b-lora-480p", 80.0, "aaa")]
+    assert "| wan14b-lora-480p | 24 | no: out of memory |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 0
