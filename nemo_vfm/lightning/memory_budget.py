@@ -23,7 +23,8 @@ block and outside the blocks:
   weights of N blocks leave the GPU, two blocks' worth stays as a staging buffer; under autocast a swapped block that
   is not checkpointed keeps the bf16 cast of an fp32 or fp8 base for backward (docs/finetuning.md).
   ``cpu_offload``: weights, gradients and optimizer state live on the host; two gathered blocks (bf16 weights +
-  fp32 gradients) and the weights outside the blocks stay.
+  fp32 gradients) and the weights outside the blocks stay. An EMA copy (``ema_decay``) holds every weight again, in
+  its training dtype, over the same shards.
 - activations: an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
   values (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100, docs/finetuning.md);
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
@@ -143,6 +144,8 @@ def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
         states, grads = trainable * (4 + optim) / shards, trainable * 4 / shards
     gather = 2 * biggest * 2 if shards > 1 else 0
     weights = states + (sum(frozen) - swapped + w.outside.frozen_bytes(s.frozen_dtype)) / shards + staging + gather
+    if w.ema:  # a copy of the network as the module holds it (fp32 trainable weights, frozen ones in their dtype)
+        weights += (4 * trainable + sum(frozen) + w.outside.frozen_bytes(s.frozen_dtype)) / shards
     moved, resident, full = _kept_activations(w, s.activation_checkpointing)
     kept = min(2 * max(moved), sum(moved)) if s.activation_offload else sum(moved)  # offload: two blocks in flight
     acts = kept + resident + (full if s.activation_checkpointing != "none" else 0)
@@ -313,7 +316,7 @@ def _layout(strategy, trainer) -> tuple[object, int, int]:
 
 
 def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, keep: tuple[str, ...] = (),
-                        verbose: bool = True) -> Choice:
+                        ema: bool = False, verbose: bool = True) -> Choice:
     """Choose with :func:`choose` for this run and set the chosen knobs on ``trainer.strategy`` (a
     ``VFMParallelStrategy``; the strategy name ``"auto"`` becomes one when a strategy knob changes), ``lora`` and
     ``optim``. The knobs named in ``keep`` (names of :data:`DEFAULTS`) stay as set (see the module docstring)."""
@@ -336,7 +339,7 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     compiled = cfg.compile is True or (cfg.compile == "auto" and torch.cuda.is_available())
     mixed = "mixed" in str(trainer.precision)
     w = workload(model, data, lora, model_shards=model_shards, token_shards=token_shards,
-                 ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed)
+                 ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed, ema=ema)
     opts = options(w, fixed, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)

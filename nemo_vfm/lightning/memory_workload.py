@@ -45,6 +45,7 @@ class Workload:
     compile: bool = False  # whether the blocks run compiled (activation_offload and block_swap turn that off)
     autocast: bool = True  # a *-mixed precision: fp32 frozen weights are cast to bf16 at every matmul
     ac_every: int = 2  # selective checkpointing: every n-th block
+    ema: bool = False  # the module keeps an EMA copy of the network (``ema_decay``)
 
     def __post_init__(self):
         if not self.blocks or self.tokens < 1:
@@ -85,7 +86,7 @@ def _ffn(cfg) -> tuple[int, int]:
 
 
 def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shards: int = 1,
-             ac_every: int = 2, compile: bool = False, autocast: bool = True) -> Workload:
+             ac_every: int = 2, compile: bool = False, autocast: bool = True, ema: bool = False) -> Workload:
     """The :class:`Workload` of ``model_config`` on ``data`` (its ``latent_shape``, ``batch_size`` and
     ``max_seq_length``): tokens from the latent grid and the family's patch size, FLOPs from its counter."""
     from nemo_vfm.models.families import family_spec
@@ -102,4 +103,4 @@ def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shar
                     ffn_tensors=kept, tokens=max(1, samples * per_sample // token_shards),
                     forward_flops=flops.forward / token_shards, attention_share=flops.attention / flops.forward,
                     lora=lora is not None, model_shards=model_shards, ac_every=ac_every, compile=compile,
-                    autocast=autocast)
+                    autocast=autocast, ema=ema)

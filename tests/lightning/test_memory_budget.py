@@ -330,3 +330,12 @@ def test_train_chooses_before_anything_is_built(tmp_path):
     cfg = trainer.strategy.config
     assert out["step"] == 1
     assert (cfg.activation_checkpointing, cfg.activation_offload, cfg.block_swap) != ("none", False, 0)
+
+
+def test_an_ema_copy_adds_every_weight_again_over_the_shards():
+    w = workload(wan_config("t2v_1_3b"), _data(), _lora(), model_shards=2, compile=True)
+    with_ema = dataclasses.replace(w, ema=True)
+    s = MemorySettings(activation_checkpointing="full", frozen_dtype="bf16")
+    trainable = sum(p.trainable for p in w.blocks) + w.outside.trainable
+    frozen = sum(p.frozen_bytes("bf16") for p in w.blocks) + w.outside.frozen_bytes("bf16")
+    assert (estimate_gib(with_ema, s) - estimate_gib(w, s)) * 2**30 == pytest.approx((4 * trainable + frozen) / 2)
