@@ -45,6 +45,14 @@ CASES = {  # name -> (factory, latent (T, H, W), overrides)
     "wan14b-lora-720p": ("lora_wan_14b", (FRAMES_81, 90, 160), []),
     "wan1.3b-full-480p": ("finetune_wan_1_3b", (FRAMES_81, 60, 104), []),
     "wan14b-full-480p": ("finetune_wan_14b", (FRAMES_81, 60, 104), ["trainer.strategy.context_parallel_size=1"]),
+    # Wan 2.2: TI2V-5B at its 704 x 1280 x 121 frames (48-channel latents, 16x spatial: 27,280 tokens); one expert of
+    # T2V-A14B (the 14B architecture) at 480p / 720p x 81 frames
+    "wan2.2-5b-lora-704p": ("lora_wan2_2_ti2v_5b", (31, 44, 80), []),
+    "wan2.2-5b-full-704p": ("finetune_wan2_2_ti2v_5b", (31, 44, 80), []),
+    "wan2.2-a14b-lora-480p": ("lora_wan2_2_t2v_a14b", (FRAMES_81, 60, 104), []),
+    "wan2.2-a14b-lora-720p": ("lora_wan2_2_t2v_a14b", (FRAMES_81, 90, 160), []),
+    "wan2.2-a14b-full-480p": ("finetune_wan2_2_t2v_a14b", (FRAMES_81, 60, 104),
+                              ["trainer.strategy.context_parallel_size=1"]),
 }
 LOG_TAIL = 30
 

@@ -60,3 +60,14 @@ def test_merge_orders_rows_as_the_cases_and_keeps_each_runs_origin(tmp_path):
         ("wan1.3b-lora-480p", 48.0, "bbb"), ("wan14b-lora-480p", 24.0, "aaa"), ("wan14b-lora-480p", 80.0, "aaa")]
     assert "| wan14b-lora-480p | 24 | no: out of memory |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_every_built_in_case_names_a_recipe_whose_patches_tile_its_latents():
+    import math
+
+    from nemo_vfm_recipes import finetune
+
+    for name, (factory, latent, _) in mm.CASES.items():
+        model = getattr(finetune, factory)().model
+        assert all(n % p == 0 for n, p in zip(latent, model.patch_size)), name
+    assert math.prod(n // p for n, p in zip(mm.CASES["wan2.2-5b-lora-704p"][1], (1, 2, 2))) == 27_280
