@@ -193,6 +193,9 @@ def plot(results: list[dict], path: Path) -> None:
 def merge(files: list[Path], out: Path) -> None:
     """One matrix from several runs' JSON files (each row keeps the device, date and commit of its run), ordered as
     :data:`CASES`, then by budget."""
+    files = list(dict.fromkeys(f.resolve() for f in files))  # a file named twice counts once
+    if out.resolve() in files:
+        raise SystemExit(f"--out {out} is one of the --merge inputs: name another file")
     rows = []
     for f in files:
         run = json.loads(f.read_text())

@@ -369,10 +369,17 @@ def _loads_state(data: bytes):
 
 
 class DataStatsCallback(pl.Callback):
-    """Logs ``data/packing_efficiency`` (running) and ``data/segments`` at log steps when batches are packed."""
+    """Logs ``data/packing_efficiency`` (running) and ``data/segments`` at log steps when batches are packed (once
+    per optimizer step: with ``accumulate_grad_batches > 1`` at the micro-batch that ends it)."""
+
+    _last_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step % max(1, trainer.log_every_n_steps):  # Python floats become device tensors: a sync
+        stepped, self._last_step = trainer.global_step != self._last_step, trainer.global_step
+        if not stepped or trainer.global_step % max(1, trainer.log_every_n_steps):  # floats -> device tensors: a sync
             return
         if isinstance(batch, PackedBatch):
             dm = trainer.datamodule

@@ -46,7 +46,8 @@ class ThroughputLogger(StepEndCallback):
     TFLOP/s per GPU, MFU and peak memory), logged as ``perf/*`` metrics too.
 
     Time is measured between optimizer steps (data loading included) over the whole interval, and a step's
-    samples, tokens and FLOPs are those of all its accumulated micro-batches; the GPU is
+    samples and tokens are those of all its accumulated micro-batches (FLOPs too; of packed batches, the last
+    micro-batch's times their number); the GPU is
     synchronised only at log steps, so the hot loop never waits for the host. FLOPs are the analytic model
     FLOPs of ``model_config``'s family (its spec's ``flops``, through :func:`nemo_vfm.models.flops.train_step_flops`:
     3x forward, recomputation not counted; none for a config of no declared family), divided by the ranks that
@@ -147,7 +148,10 @@ class ThroughputLogger(StepEndCallback):
             with open(self.out, "a") as f:
                 f.write(json.dumps({"step": trainer.global_step, "steps": self._steps,
                                     **{k.removeprefix("perf/"): v for k, v in stats.items()}}) + "\n")
-        loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
+        loss = getattr(pl_module, "step_metrics", {}).get("loss")  # Lightning's outputs: divided by accumulation
+        if loss is None:
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = float(loss)
         rank_zero_info(f"step {trainer.global_step}/{trainer.max_steps} loss {loss:.4f} | {line}" + _router_line(pl_module))
         self._t0, self._samples, self._tokens, self._steps, self._batches, self._flops = time.perf_counter(), 0, 0, 0, 0, 0.0
 

@@ -24,7 +24,7 @@ block and outside the blocks:
   is not checkpointed keeps the bf16 cast of an fp32 or fp8 base for backward (docs/finetuning.md).
   ``cpu_offload``: weights, gradients and optimizer state live on the host; two gathered blocks (bf16 weights +
   fp32 gradients) and the weights outside the blocks stay. An EMA copy (``ema_decay``) holds every weight again, in
-  its training dtype, over the same shards.
+  its training dtype, over the same shards and where the network's are (host under ``cpu_offload``; swapped blocks).
 - activations: an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
   values (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100, docs/finetuning.md);
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
@@ -144,14 +144,28 @@ def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
         states, grads = trainable * (4 + optim) / shards, trainable * 4 / shards
     gather = 2 * biggest * 2 if shards > 1 else 0
     weights = states + (sum(frozen) - swapped + w.outside.frozen_bytes(s.frozen_dtype)) / shards + staging + gather
-    if w.ema:  # a copy of the network as the module holds it (fp32 trainable weights, frozen ones in their dtype)
-        weights += (4 * trainable + sum(frozen) + w.outside.frozen_bytes(s.frozen_dtype)) / shards
+    weights += ema_bytes(w, s)[0]
     moved, resident, full = _kept_activations(w, s.activation_checkpointing)
     kept = min(2 * max(moved), sum(moved)) if s.activation_offload else sum(moved)  # offload: two blocks in flight
     acts = kept + resident + (full if s.activation_checkpointing != "none" else 0)
     acts += (OUTSIDE_RESIDUALS * w.hidden_size + BACKWARD_FFN_TENSORS * w.ffn_size * _compiled(w, s)) * w.tokens * 2
     return {"weights and optimizer": weights, "max(gradients, activations)": max(grads, acts),
             "overhead": OVERHEAD_GIB * GIB}
+
+
+def ema_bytes(w: Workload, s: MemorySettings) -> tuple[float, float]:
+    """(GPU, host) bytes of the EMA copy (``ema_decay``), laid out like the network: fp32 trainable weights and frozen
+    ones in their dtype over the model shards; on the host under ``cpu_offload``, and the swapped blocks' frozen
+    weights on the host under ``block_swap``."""
+    if not w.ema:
+        return 0.0, 0.0
+    frozen = [p.frozen_bytes(s.frozen_dtype) for p in w.blocks]
+    trainable = sum(p.trainable for p in w.blocks) + w.outside.trainable
+    total = (4 * trainable + sum(frozen) + w.outside.frozen_bytes(s.frozen_dtype)) / w.model_shards
+    if s.cpu_offload:
+        return 0.0, total
+    swapped = sum(frozen[: s.block_swap]) / w.model_shards
+    return total - swapped, swapped
 
 
 def estimate_gib(w: Workload, s: MemorySettings) -> float:
@@ -163,7 +177,8 @@ def host_gib(w: Workload, s: MemorySettings) -> float:
     """Estimated host GiB per process that the knobs of ``s`` keep: ``block_swap=N``, the frozen weights of N blocks
     (pinned); ``activation_offload``, what the blocks save for backward (pinned); ``cpu_offload`` (FSDP2's
     ``CPUOffloadPolicy``), this rank's shard of every weight, its fp32 gradient and the optimizer state. Not
-    counted: the process itself (Python, CUDA's host side, data workers); the headroom is left for it."""
+    counted: the process itself (Python, CUDA's host side, data workers); the headroom is left for it. Plus the
+    EMA copy's host share (:func:`ema_bytes`)."""
     total = sum(p.frozen_bytes(s.frozen_dtype) for p in w.blocks[: s.block_swap])
     if s.activation_offload:
         total += sum(_kept_activations(w, s.activation_checkpointing)[0])
@@ -171,7 +186,7 @@ def host_gib(w: Workload, s: MemorySettings) -> float:
         params = (*w.blocks, w.outside)
         trainable = sum(p.trainable for p in params) * (4 + 4 + (8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES))
         total += (trainable + sum(p.frozen_bytes(s.frozen_dtype) for p in params)) / w.model_shards
-    return total / GIB
+    return (total + ema_bytes(w, s)[1]) / GIB
 
 
 def available_host_gib(processes: int = 1, meminfo: str = "/proc/meminfo") -> float | None:
@@ -360,5 +375,5 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     if torch.cuda.is_available() and str(trainer.accelerator) in ("auto", "gpu", "cuda"):
         from nemo_vfm.parallel.activation_offload import expandable_segments
 
-        expandable_segments()  # the estimates leave no room for fragmentation (module docstring)
+        expandable_segments()  # the estimates leave no room for fragmentation; process-wide, for what follows too
     return choice

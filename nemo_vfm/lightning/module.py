@@ -84,9 +84,10 @@ def lr_lambda(cfg: OptimConfig, max_steps: int):
     return f
 
 
-def step_generator(seed: int, step: int, rank: int, device) -> torch.Generator:
+def step_generator(seed: int, step: int, rank: int, device, micro_batch: int = 0) -> torch.Generator:
+    """The noise of one (micro-)batch: ``micro_batch`` tells the accumulated micro-batches of a step apart."""
     g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + step) * 65_537 + rank)
+    g.manual_seed((seed * 1_000_003 + step) * 65_537 + rank + micro_batch * 1_000_000_007)
     return g
 
 
@@ -164,11 +165,11 @@ class DiffusionModule(L.LightningModule):
             if self._pipelined:
                 raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism; "
                                           "set data.max_seq_length=None or pipeline_model_parallel_size=1.")
-            return self._packed_step(batch)
+            return self._packed_step(batch, batch_idx)
         x0 = batch["latents"]
         # TP/CP/PP peers work on the same samples: they must draw the same noise (seed by data-parallel rank)
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)
-        g = step_generator(self.seed, self.global_step, dp_rank, x0.device)
+        g = step_generator(self.seed, self.global_step, dp_rank, x0.device, self._micro_batch(batch_idx))
         cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
         cond = drop_condition(cond, self.cond_dropout, g, self.num_classes)
         if self._pipelined:
@@ -256,11 +257,15 @@ class DiffusionModule(L.LightningModule):
         if not self._pipelined:
             optimizer.zero_grad()
 
-    def _packed_step(self, batch):
+    def _micro_batch(self, batch_idx: int) -> int:
+        """Index of this batch among its step's accumulated micro-batches (0 without accumulation)."""
+        return batch_idx % max(1, self.trainer.accumulate_grad_batches)
+
+    def _packed_step(self, batch, batch_idx: int = 0):
         from nemo_vfm.diffusion.packed import packed_training_loss
 
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
-        g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device)
+        g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device, self._micro_batch(batch_idx))
         loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
         loss = self._add_moe_loss(loss, logs)
         self._log_step(loss, logs, batch.num_segments)

@@ -28,10 +28,11 @@ import math
 import os
 from pathlib import Path
 
-import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
+
+from nemo_vfm.lightning.callbacks import StepEndCallback
 
 POLICIES = ("stop", "skip")
 # the device-side state: [bad steps, current streak, longest streak, first bad step, streak start,
@@ -107,7 +108,7 @@ def checkpoint_finite(path: Path) -> bool | None:
         return None
 
 
-class NonFiniteGuard(L.Callback):
+class NonFiniteGuard(StepEndCallback):
     """The ``trainer.nonfinite`` policy (see the module docstring); ``ckpt_dir`` names the checkpoint to resume
     from in the stop message."""
 
@@ -136,6 +137,7 @@ class NonFiniteGuard(L.Callback):
         """Stop before the first step when the checkpoint resumed from holds NaN/Inf (it cannot train)."""
         from nemo_vfm.io.checkpoint_files import checkpoint_step
 
+        super().on_train_start(trainer, pl_module)
         if not trainer.ckpt_path:
             return
         bad = bool(_any_nonfinite(self._live_tensors(trainer, pl_module), pl_module.device))
@@ -186,7 +188,7 @@ class NonFiniteGuard(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._count_update(trainer, pl_module)
-        if self._due(trainer):
+        if self.step_ended(trainer) and self._due(trainer):
             self.check(trainer, pl_module)
 
     def check(self, trainer, pl_module=None) -> None:

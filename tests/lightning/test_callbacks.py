@@ -54,11 +54,23 @@ def test_gc_every_n_steps_is_validated():
     assert TrainerConfig(gc_every_n_steps=None).gc_every_n_steps is None
 
 
-def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path):
+def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path, monkeypatch, caplog):
     """``accumulate_grad_batches=2``: the step log, ``metrics.jsonl`` and the previews act at optimizer steps only
-    (before, each fired again on the next step's first micro-batch, and at step 0), and a logged step counts the
-    samples of both of its micro-batches."""
+    (before, each fired again on the next step's first micro-batch, and at step 0), a logged step counts the
+    samples of both of its micro-batches and logs the loss undivided, and the two micro-batches of a step draw
+    different noise."""
     import json
+    import logging
+
+    from nemo_vfm.lightning import module
+
+    caplog.set_level(logging.INFO)
+
+    draws = []
+    real = module.step_generator
+    monkeypatch.setattr(module, "step_generator",
+                        lambda seed, step, rank, device, micro_batch=0: draws.append((step, micro_batch)) or
+                        real(seed, step, rank, device, micro_batch))
 
     from nemo_vfm.data.synthetic import ShapesDataModule
     from nemo_vfm.inference.generate import SamplingConfig
@@ -75,7 +87,22 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path)
     run = tmp_path / "run"
     perf = [json.loads(line) for line in (run / "perf.jsonl").read_text().splitlines()]
     assert [(r["step"], r["steps"]) for r in perf] == [(2, 2), (4, 2)]
+    assert draws == [(step, micro) for step in range(4) for micro in (0, 1)]
     assert perf[0]["samples_per_s"] * perf[0]["step_time_s"] * 2 == pytest.approx(2 * 2 * 4)  # 2 steps x 2 x 4
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     assert sorted(p.name for p in (run / "samples").glob("*.gif")) == ["step=00000002.gif", "step=00000004.gif"]
+    logged = [float(m.split(" loss ")[1].split()[0]) for m in caplog.messages if m.startswith("step 2/4 loss")]
+    assert logged == [pytest.approx(next(r["loss"] for r in rows if r["step"] == 2), abs=1e-4)]
+
+
+def test_step_generator_keeps_its_draws_for_single_batches_and_separates_micro_batches():
+    import torch
+
+    from nemo_vfm.lightning.module import step_generator
+
+    def draw(micro):
+        return torch.randn(4, generator=step_generator(1234, 7, 0, "cpu", micro))
+
+    g = torch.Generator().manual_seed((1234 * 1_000_003 + 7) * 65_537)  # the seed before micro-batches had one
+    assert torch.equal(draw(0), torch.randn(4, generator=g)) and not torch.equal(draw(0), draw(1))

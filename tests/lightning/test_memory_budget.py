@@ -82,6 +82,8 @@ RAN_OUT = [
 
 @pytest.mark.parametrize("flavor,latent,budget,settings,allocated", RAN_OUT)
 def test_estimates_cover_what_runs_that_ran_out_had_allocated(flavor, latent, budget, settings, allocated):
+    """The 14B 720p settings are still chosen at 80 GiB (estimate 69.3 <= 72): what ran out there was fragmentation
+    (11.5 GiB reserved but unallocated), which the expandable segments of a budget run address, not the estimate."""
     w = workload(wan_config(flavor), _data(latent), _lora(), compile=True)
     assert (allocated - estimate_gib(w, settings)) / estimate_gib(w, settings) <= 0.06
 
@@ -170,7 +172,9 @@ def test_full_finetuning_14b_on_one_80_gib_gpu_offloads_to_the_host():
     s = choose(w, 80, opts).settings
     assert s.cpu_offload
     sharded = workload(wan_config("t2v_14b"), _data(), None, model_shards=8, compile=True)  # FSDP over 8 GPUs
-    s8 = choose(sharded, 52, options(sharded, {})).settings  # 8-bit AdamW state: 2 of 16 bytes a parameter
+    # 8-bit AdamW state (2 of 16 bytes a parameter) fits 52 GiB where AdamW's does not (48 before the compiled
+    # backward's FFN buffers were counted: the estimate grew by 2.5 GiB)
+    s8 = choose(sharded, 52, options(sharded, {})).settings
     assert s8 == MemorySettings(activation_checkpointing="save_attention", optim_name="adamw8bit")
     assert options(sharded, {}, torchao=False)["optim_name"] == ("adamw",)
 
@@ -332,10 +336,21 @@ def test_train_chooses_before_anything_is_built(tmp_path):
     assert (cfg.activation_checkpointing, cfg.activation_offload, cfg.block_swap) != ("none", False, 0)
 
 
-def test_an_ema_copy_adds_every_weight_again_over_the_shards():
+def test_an_ema_copy_lies_where_the_networks_weights_lie():
+    """On the GPU: every weight again over the shards (fp32 adapters, the bf16 base); swapped blocks' copies and,
+    under cpu_offload, all of it on the host instead."""
+    from nemo_vfm.lightning.memory_budget import host_gib
+
     w = workload(wan_config("t2v_1_3b"), _data(), _lora(), model_shards=2, compile=True)
-    with_ema = dataclasses.replace(w, ema=True)
+    ema = dataclasses.replace(w, ema=True)
     s = MemorySettings(activation_checkpointing="full", frozen_dtype="bf16")
-    trainable = sum(p.trainable for p in w.blocks) + w.outside.trainable
-    frozen = sum(p.frozen_bytes("bf16") for p in w.blocks) + w.outside.frozen_bytes("bf16")
-    assert (estimate_gib(with_ema, s) - estimate_gib(w, s)) * 2**30 == pytest.approx((4 * trainable + frozen) / 2)
+    gpu = estimate_gib(ema, s) - estimate_gib(w, s)
+    assert gpu > 1.3 * 2 / 2 and host_gib(ema, s) == host_gib(w, s) == 0  # 1.3B bf16 base over 2 shards, at least
+    swap = dataclasses.replace(s, block_swap=10)
+    moved = estimate_gib(ema, s) - estimate_gib(ema, swap) - (estimate_gib(w, s) - estimate_gib(w, swap))
+    assert moved == pytest.approx(host_gib(ema, swap) - host_gib(w, swap)) and moved > 0
+    full = workload(wan_config("t2v_1_3b"), _data(), None, model_shards=2, compile=True)
+    off = MemorySettings(activation_checkpointing="full", cpu_offload=True)
+    full_ema = dataclasses.replace(full, ema=True)
+    assert estimate_gib(full_ema, off) == estimate_gib(full, off)
+    assert host_gib(full_ema, off) - host_gib(full, off) == pytest.approx(4 * 1.3e9 / 2 / 2**30, rel=0.1)
