@@ -169,7 +169,8 @@ class DiffusionModule(L.LightningModule):
         x0 = batch["latents"]
         # TP/CP/PP peers work on the same samples: they must draw the same noise (seed by data-parallel rank)
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)
-        g = step_generator(self.seed, self.global_step, dp_rank, x0.device, self._micro_batch(batch_idx))
+        micro = self._micro_batch(batch_idx)
+        g = step_generator(self.seed, self.global_step, dp_rank, x0.device, micro)
         cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
         cond = drop_condition(cond, self.cond_dropout, g, self.num_classes)
         if self._pipelined:
@@ -177,13 +178,14 @@ class DiffusionModule(L.LightningModule):
         else:
             loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
             loss = self._add_moe_loss(loss, logs)
-        self._log_step(loss, logs, x0.shape[0])
+        self._log_step(loss, logs, x0.shape[0], micro)
         self._log_router_stats(x0.shape[0])
         return loss
 
-    def _log_step(self, loss: torch.Tensor, logs: dict, batch_size: int) -> None:
+    def _log_step(self, loss: torch.Tensor, logs: dict, batch_size: int, micro_batch: int = 0) -> None:
         """Log the step's scalars (Lightning reads them at log steps) and keep them, still on the device, in
-        ``step_metrics`` for per-step history without a host sync (``MetricsHistory``)."""
+        ``step_metrics`` for per-step history without a host sync (``MetricsHistory``): with accumulated
+        micro-batches, the mean over the step's micro-batches so far."""
         lr = self.optimizers().param_groups[0]["lr"]
         if torch.is_tensor(lr):  # AdamW8bit keeps the rate in a tensor the scheduler fills in place: keep this value
             lr = lr.detach().clone()
@@ -194,7 +196,11 @@ class DiffusionModule(L.LightningModule):
             self.log(f"train/{k}", v, batch_size=batch_size)
         if self._log_step_now():
             self.log("train/lr", lr, batch_size=batch_size)  # a Python float becomes a device tensor: a copy + sync
-        self.step_metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}, "lr": lr}
+        metrics = {"loss": loss.detach(), **{k: v.detach() for k, v in logs.items()}}
+        if micro_batch:  # a later micro-batch of an accumulated step: running mean (device ops, no sync)
+            prev = self.step_metrics
+            metrics = {k: (prev[k] * micro_batch + v) / (micro_batch + 1) if k in prev else v for k, v in metrics.items()}
+        self.step_metrics = {**metrics, "lr": lr}
         bad = ~torch.isfinite(loss.detach())
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
 
@@ -265,10 +271,11 @@ class DiffusionModule(L.LightningModule):
         from nemo_vfm.diffusion.packed import packed_training_loss
 
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
-        g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device, self._micro_batch(batch_idx))
+        micro = self._micro_batch(batch_idx)
+        g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device, micro)
         loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
         loss = self._add_moe_loss(loss, logs)
-        self._log_step(loss, logs, batch.num_segments)
+        self._log_step(loss, logs, batch.num_segments, micro)
         self._log_router_stats(batch.num_segments)
         return loss
 

@@ -57,8 +57,8 @@ def test_gc_every_n_steps_is_validated():
 def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path, monkeypatch, caplog):
     """``accumulate_grad_batches=2``: the step log, ``metrics.jsonl`` and the previews act at optimizer steps only
     (before, each fired again on the next step's first micro-batch, and at step 0), a logged step counts the
-    samples of both of its micro-batches and logs the loss undivided, and the two micro-batches of a step draw
-    different noise."""
+    samples of both of its micro-batches and logs the mean of their losses (not Lightning's loss / 2), and the two
+    micro-batches of a step draw different noise."""
     import json
     import logging
 
@@ -71,6 +71,9 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
     monkeypatch.setattr(module, "step_generator",
                         lambda seed, step, rank, device, micro_batch=0: draws.append((step, micro_batch)) or
                         real(seed, step, rank, device, micro_batch))
+    losses, log_step = [], module.DiffusionModule._log_step
+    monkeypatch.setattr(module.DiffusionModule, "_log_step", lambda self, loss, *a: losses.append(loss.item()) or
+                        log_step(self, loss, *a))
 
     from nemo_vfm.data.synthetic import ShapesDataModule
     from nemo_vfm.inference.generate import SamplingConfig
@@ -91,6 +94,8 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
     assert perf[0]["samples_per_s"] * perf[0]["step_time_s"] * 2 == pytest.approx(2 * 2 * 4)  # 2 steps x 2 x 4
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+    means = [(a + b) / 2 for a, b in zip(losses[::2], losses[1::2])]  # a step's loss: the mean of its micro-batches'
+    assert [r["loss"] for r in rows if "loss" in r] == pytest.approx(means, rel=1e-5)
     assert sorted(p.name for p in (run / "samples").glob("*.gif")) == ["step=00000002.gif", "step=00000004.gif"]
     logged = [float(m.split(" loss ")[1].split()[0]) for m in caplog.messages if m.startswith("step 2/4 loss")]
     assert logged == [pytest.approx(next(r["loss"] for r in rows if r["step"] == 2), abs=1e-4)]
