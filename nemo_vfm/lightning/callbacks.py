@@ -245,7 +245,7 @@ class MetricsHistory(StepEndCallback):
                     f.write(b"\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not self.step_ended(trainer) or trainer.global_rank != 0:  # one row per step: its last micro-batch's
+        if not self.step_ended(trainer) or trainer.global_rank != 0:  # one row per step (its micro-batches' mean)
             return
         log_step = trainer.global_step % self.every == 0 or trainer.global_step == trainer.max_steps
         metrics = getattr(pl_module, "step_metrics", None)  # the module's own (no host sync)

@@ -32,9 +32,9 @@ block and outside the blocks:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
   Backward frees activations as it fills gradients, so the peak counts the larger of the two. A compiled block's
   backward holds ``BACKWARD_FFN_TENSORS`` token x FFN-width buffers beside them (fit to the 480p and 720p peaks;
-  eager blocks free them op by op: the offloading peaks match without). Plus ``OVERHEAD_GIB`` (CUDA context, workspaces). Fragmentation is not
-  modelled: a run with a budget on CUDA switches the allocator to expandable segments (a Wan-14B LoRA run at 720p
-  ran out of memory with 11.5 GiB reserved but unallocated without them).
+  eager blocks free them op by op: the offloading peaks match without). Plus ``OVERHEAD_GIB`` (CUDA context,
+  workspaces). Fragmentation is not modelled: a run with a budget on CUDA switches the allocator to expandable
+  segments (a Wan-14B LoRA run at 720p ran out of memory with 11.5 GiB reserved but unallocated without them).
   Checked against the measured Wan 1.3B / 14B peaks in tests/lightning/test_memory_budget.py.
 
 Slowdown factors (estimates; relative to no checkpointing and nothing offloaded). Recomputation from the family's
