@@ -185,10 +185,11 @@ def _log_one_step(cfg, batch, device, out):
 
     logged = {}
     module = SimpleNamespace(device=torch.device(device), log_dict=lambda stats, **kw: logged.update(stats))
-    trainer = SimpleNamespace(global_step=1, max_steps=1, global_rank=0, strategy=SimpleNamespace())
+    trainer = SimpleNamespace(global_step=0, max_steps=1, global_rank=0, strategy=SimpleNamespace())
     cb = ThroughputLogger(1, cfg.patch_size, model_config=cfg, out=out)
     cb.on_train_start(trainer, module)
     cb.on_train_batch_start(trainer, module, batch, 0)
+    trainer.global_step = 1  # the optimizer stepped: what Lightning counts before on_train_batch_end
     cb.on_train_batch_end(trainer, module, {"loss": torch.tensor(0.5)}, batch, 0)
     return cb, logged
 
