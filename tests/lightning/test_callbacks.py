@@ -54,17 +54,17 @@ def test_gc_every_n_steps_is_validated():
     assert TrainerConfig(gc_every_n_steps=None).gc_every_n_steps is None
 
 
-def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path, monkeypatch, caplog):
+def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path, monkeypatch):
     """``accumulate_grad_batches=2``: the step log, ``metrics.jsonl`` and the previews act at optimizer steps only
     (before, each fired again on the next step's first micro-batch, and at step 0), a logged step counts the
     samples of both of its micro-batches and logs the mean of their losses (not Lightning's loss / 2), and the two
     micro-batches of a step draw different noise."""
     import json
-    import logging
 
-    from nemo_vfm.lightning import module
+    from nemo_vfm.lightning import callbacks, module
 
-    caplog.set_level(logging.INFO)
+    messages = []
+    monkeypatch.setattr(callbacks, "rank_zero_info", messages.append)
 
     draws = []
     real = module.step_generator
@@ -97,7 +97,7 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
     means = [(a + b) / 2 for a, b in zip(losses[::2], losses[1::2])]  # a step's loss: the mean of its micro-batches'
     assert [r["loss"] for r in rows if "loss" in r] == pytest.approx(means, rel=1e-5)
     assert sorted(p.name for p in (run / "samples").glob("*.gif")) == ["step=00000002.gif", "step=00000004.gif"]
-    logged = [float(m.split(" loss ")[1].split()[0]) for m in caplog.messages if m.startswith("step 2/4 loss")]
+    logged = [float(m.split(" loss ")[1].split()[0]) for m in messages if m.startswith("step 2/4 loss")]
     assert logged == [pytest.approx(next(r["loss"] for r in rows if r["step"] == 2), abs=1e-4)]
 
 
