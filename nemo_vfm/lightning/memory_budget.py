@@ -101,6 +101,12 @@ class MemorySettings:
         said = [f"{KNOB_NAMES[k]}={v}" for k, v in dataclasses.asdict(self).items() if v != ref[k]]
         return ", ".join(said) or "no memory knob changed"
 
+    def kept(self, current: MemorySettings) -> str:
+        """The knobs left as ``current`` set them away from their defaults (what :meth:`describe` does not say)."""
+        cur = dataclasses.asdict(current)
+        return ", ".join(f"{KNOB_NAMES[k]}={v}" for k, v in dataclasses.asdict(self).items()
+                         if v == cur[k] and v != DEFAULTS[k])
+
 
 def _checkpointed(w: Workload, mode: str) -> list[bool]:
     """Which blocks ``mode`` checkpoints (``selective``: every ``ac_every``-th)."""
@@ -243,6 +249,8 @@ class Choice:
                  f"{self.settings.describe(current)} (estimated {self.gib:.1f} GiB"
                  f"{f', host {self.host_gib:.1f} GiB' if self.host_gib else ''}, slowdown x{self.slowdown:.2f}; "
                  "estimates, see nemo_vfm/lightning/memory_budget.py)"]
+        if current is not None and (kept := self.settings.kept(current)):
+            lines.append(f"  kept as set: {kept}")
         lines += [f"  rejected, faster but over budget: {s.describe(current)}: {g:.1f} GiB (x{f:.2f})"
                   for s, g, f in self.rejected]
         return "\n".join(lines)

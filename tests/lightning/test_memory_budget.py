@@ -305,6 +305,18 @@ def test_a_budget_on_cuda_switches_the_allocator_to_expandable_segments(monkeypa
     assert bool(calls) == switched
 
 
+def test_the_report_names_the_recipe_knobs_it_kept(wan14b_lora):
+    """At 48 GiB lora_wan_14b's bf16 base gives way to fp8 and save_attention to full: both are said; at 80 GiB
+    nothing changes, and the report says what stays (the first line alone would read "no memory knob changed")."""
+    current = MemorySettings(activation_checkpointing="save_attention", frozen_dtype="bf16")
+    r80 = choose(wan14b_lora, 80, options(wan14b_lora, {}), current, headroom=HEADROOM).report(80, current)
+    assert "no memory knob changed" in r80.splitlines()[0]
+    assert r80.splitlines()[1] == ("  kept as set: trainer.strategy.activation_checkpointing=save_attention, "
+                                   "lora.frozen_dtype=bf16")
+    r48 = choose(wan14b_lora, 48, options(wan14b_lora, {}), current, headroom=HEADROOM).report(48, current)
+    assert "activation_checkpointing=full, lora.frozen_dtype=fp8" in r48 and "kept as set" not in r48
+
+
 def test_recipe_values_stay_when_they_fit(wan14b_lora):
     """lora_wan_14b's save_attention + bf16 bases at 80 GiB: the fastest that fits, so nothing changes."""
     current = MemorySettings(activation_checkpointing="save_attention", frozen_dtype="bf16")
