@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from nemo_vfm.cli.main import main as vfm
     from nemo_vfm.data.blend import write_blend
-    from nemo_vfm.data.energon_datamodule import DataStatsCallback, EnergonDataModule
+    from nemo_vfm.data.energon_datamodule import EnergonDataModule
     from nemo_vfm.data.synthetic_inputs import write_folder, write_shards
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.lightning.data_stats import DataStatsCallback
     from nemo_vfm.lightning.module import OptimConfig
     from nemo_vfm.models.dit.model import DiTConfig
     from nemo_vfm.train import ExperimentConfig, TrainerConfig, train

@@ -69,8 +69,8 @@ def pretrain_ecditllama1b() -> run.Partial:
     recipe = with_moe(pretrain_ditllama1b(), **ECDIT_1B_MOE)
     recipe.log.name = "pretrain_ecditllama1b"
     # The dense 1B's micro-batch of 96 ran out of memory (80 GB, EP4, 2026-11-26): expert choice at capacity 8 keeps
-    # 8 token copies per expert layer for backward (~2.7 GB a block at 24,576 tokens, against ~0.9 GB for the dense
-    # FFN). Half the micro-batch, two micro-batches a step: the dense recipe's global batch.
+    # 8 token copies per expert layer for backward (estimated ~2.7 GB a block at 24,576 tokens, against ~0.9 GB for
+    # the dense FFN; not profiled). Half the micro-batch, two micro-batches a step: the dense recipe's global batch.
     recipe.trainer.accumulate_grad_batches = recipe.data.batch_size // ECDIT_MICRO_BATCH
     recipe.data.batch_size = ECDIT_MICRO_BATCH
     return with_fsdp(recipe)

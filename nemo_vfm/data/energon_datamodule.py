@@ -367,22 +367,3 @@ def _loads_state(data: bytes):
 
     return restricted_loads(data, ("megatron.energon",), "the data loader state in the checkpoint")
 
-
-class DataStatsCallback(pl.Callback):
-    """Logs ``data/packing_efficiency`` (running) and ``data/segments`` at log steps when batches are packed (once
-    per optimizer step: with ``accumulate_grad_batches > 1`` at the micro-batch that ends it)."""
-
-    _last_step: int | None = None
-
-    def on_train_start(self, trainer, pl_module):
-        self._last_step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        stepped, self._last_step = trainer.global_step != self._last_step, trainer.global_step
-        if not stepped or trainer.global_step % max(1, trainer.log_every_n_steps):  # floats -> device tensors: a sync
-            return
-        if isinstance(batch, PackedBatch):
-            dm = trainer.datamodule
-            eff = dm.packing_efficiency if isinstance(dm, EnergonDataModule) else batch.efficiency
-            pl_module.log("data/packing_efficiency", eff, prog_bar=False, batch_size=1)
-            pl_module.log("data/segments", float(batch.num_segments), batch_size=1)

@@ -31,8 +31,8 @@ block and outside the blocks:
   block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
   Backward frees activations as it fills gradients, so the peak counts the larger of the two. A compiled block's
-  backward holds ``BACKWARD_FFN_TENSORS`` token x FFN-width buffers beside them (fit to the 480p and 720p peaks;
-  eager blocks free them op by op: the offloading peaks match without). Plus ``OVERHEAD_GIB`` (CUDA context,
+  backward is counted ``BACKWARD_FFN_TENSORS`` token x FFN-width buffers beside them (fitted to the 480p and 720p
+  peaks; the offloading runs, whose blocks are eager, match their peaks without the term). Plus ``OVERHEAD_GIB`` (CUDA context,
   workspaces). Fragmentation is not modelled: a run with a budget on CUDA switches the allocator to expandable
   segments (a Wan-14B LoRA run at 720p ran out of memory with 11.5 GiB reserved but unallocated without them).
   Checked against the measured Wan 1.3B / 14B peaks in tests/lightning/test_memory_budget.py.
@@ -212,7 +212,7 @@ def slowdown(w: Workload, s: MemorySettings) -> float:
     if s.activation_checkpointing == "save_attention":
         recompute = 1 - w.attention_share
     base_s = 3 * w.forward_flops / (EFFECTIVE_TFLOPS * 1e12)
-    compute_s = base_s * (1 + recompute / 3) * (1 if _compiled(w, s) or not w.compile else EAGER)
+    compute_s = base_s * (1 + recompute / 3) * (EAGER if w.compile and not _compiled(w, s) else 1)
     copies, mechanisms, host_s = 0.0, 0, 0.0
     if s.activation_offload:
         copies, mechanisms = copies + 2 * sum(moved), mechanisms + 1  # out in forward, back in backward

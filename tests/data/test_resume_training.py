@@ -4,8 +4,9 @@ and losses of the uninterrupted run (packed batches: the loader state includes t
 import lightning as L
 import pytest
 
-from nemo_vfm.data.energon_datamodule import DataStatsCallback, EnergonDataModule
+from nemo_vfm.data.energon_datamodule import EnergonDataModule
 from nemo_vfm.inference.generate import SamplingConfig
+from nemo_vfm.lightning.data_stats import DataStatsCallback
 from nemo_vfm.models.dit.model import DiTConfig
 from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
 

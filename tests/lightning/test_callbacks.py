@@ -84,8 +84,8 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
           data=ShapesDataModule(num_clips=32, num_frames=2, height=16, width=16, batch_size=4,
                                 tokenizer_kwargs={"spatial_compression": 2}, text_encoder_kwargs={"dim": 16}),
           trainer=TrainerConfig(max_steps=4, precision="32-true", accelerator="cpu", devices=1, accumulate_grad_batches=2,
-                                enable_progress_bar=False, log_every_n_steps=2, final_checkpoint=False),
-          log=ExperimentConfig(name="run", root=str(tmp_path), tensorboard=False),
+                                log_every_n_steps=2),
+          log=ExperimentConfig(name="run", root=str(tmp_path)),
           sampling=SamplingConfig(every_n_steps=2, num_steps=2, num_samples=1))
     run = tmp_path / "run"
     perf = [json.loads(line) for line in (run / "perf.jsonl").read_text().splitlines()]
@@ -97,6 +97,7 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
     means = [(a + b) / 2 for a, b in zip(losses[::2], losses[1::2])]  # a step's loss: the mean of its micro-batches'
     assert [r["loss"] for r in rows if "loss" in r] == pytest.approx(means, rel=1e-5)
     assert sorted(p.name for p in (run / "samples").glob("*.gif")) == ["step=00000002.gif", "step=00000004.gif"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step=00000004.ckpt"]  # final, at optimizer step 4
     logged = [float(m.split(" loss ")[1].split()[0]) for m in messages if m.startswith("step 2/4 loss")]
     assert logged == [pytest.approx(next(r["loss"] for r in rows if r["step"] == 2), abs=1e-4)]
 
