@@ -52,13 +52,22 @@ def test_merge_orders_rows_as_the_cases_and_keeps_each_runs_origin(tmp_path):
     a = run("a.json", "aaa", [{**row, "case": "wan14b-lora-480p", "budget_gib": 80.0},
                               {**row, "case": "wan14b-lora-480p", "budget_gib": 24.0, "error": "out of memory",
                                "step_s": None, "peak_mem_gib": None}])
-    b = run("b.json", "bbb", [{**row, "case": "wan1.3b-lora-480p", "budget_gib": 48.0}])
+    b = run("b.json", "bbb", [{**row, "case": "wan1.3b-lora-480p", "budget_gib": 48.0},
+                              {**row, "case": "wan1.3b-lora-480p", "budget_gib": 32.0, "error": "timeout after 300 s",
+                               "last_logged_step": 3},
+                              {**row, "case": "wan1.3b-lora-480p", "budget_gib": 8.0, "error": "timeout after 300 s",
+                               "last_logged_step": 1}])
     out = tmp_path / "all.json"
     assert mm.main(["--merge", a, b, "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert [(r["case"], r["budget_gib"], r["commit"]) for r in rows] == [
-        ("wan1.3b-lora-480p", 48.0, "bbb"), ("wan14b-lora-480p", 24.0, "aaa"), ("wan14b-lora-480p", 80.0, "aaa")]
-    assert "| wan14b-lora-480p | 24 | no: out of memory |" in out.with_suffix(".md").read_text()
+        ("wan1.3b-lora-480p", 8.0, "bbb"), ("wan1.3b-lora-480p", 32.0, "bbb"), ("wan1.3b-lora-480p", 48.0, "bbb"),
+        ("wan14b-lora-480p", 24.0, "aaa"), ("wan14b-lora-480p", 80.0, "aaa")]
+    md = out.with_suffix(".md").read_text()
+    assert "| wan14b-lora-480p | 24 | no: out of memory |" in md
+    # cut by the harness's time limit: fits once it has stepped under the cap (two timed intervals), not before
+    assert "| wan1.3b-lora-480p | 32 | yes (stepped to step 3, then the 300 s limit cut it) | 2.000 |" in md
+    assert "| wan1.3b-lora-480p | 8 | no: timeout after 300 s | 2.000 (until step 1) |" in md
     assert out.with_suffix(".png").stat().st_size > 0
 
 
