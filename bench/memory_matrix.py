@@ -72,11 +72,11 @@ def parse_case(spec: str) -> tuple[str, tuple]:
     return name, (factory, latent, [])
 
 
-def run_child(spec: dict) -> None:
-    """In the child: cap the GPU memory, build the recipe with random weights and random latents, train."""
+def case_recipe(spec: dict):
+    """The case's recipe (a Fiddle config of ``train``): its factory, ``spec["overrides"]``, random weights, random
+    latents of the case's clip size."""
     import catalogue
     import fiddle as fdl
-    import torch
     from nemo_run.config import get_type_namespace
     from recipe_throughput import _set_override
 
@@ -86,9 +86,6 @@ def run_child(spec: dict) -> None:
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.train import train
 
-    if spec["device"] == "cuda":
-        total = torch.cuda.get_device_properties(0).total_memory / 2**30
-        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["budget"] / total))
     launcher.register_recipes()
     recipe = catalogue._get((get_type_namespace(train), spec["factory"]))()
     for item in spec["overrides"]:
@@ -100,7 +97,80 @@ def run_child(spec: dict) -> None:
     recipe.data = fdl.Config(MockLatentDataModule, latent_channels=getattr(m, "out_channels", None) or m.in_channels,
                              num_frames=t, height=h, width=w, context_dim=getattr(m, "context_dim", None),
                              context_length=getattr(m, "text_len", 16), batch_size=1, num_samples=4, num_workers=0)
-    fdl.build(recipe)()
+    return recipe
+
+
+def run_child(spec: dict) -> None:
+    """In the child: cap the GPU memory, build the case's recipe, train."""
+    import fiddle as fdl
+    import torch
+
+    if spec["device"] == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["budget"] / total))
+    fdl.build(case_recipe(spec))()
+
+
+def plan_case(name: str, case: tuple, budget: float, args) -> dict:
+    """What ``trainer.memory_budget_gb=budget`` would choose for a GPU run of the case (nothing is run; estimates)."""
+    import inspect
+
+    import fiddle as fdl
+
+    from nemo_vfm.lightning.memory_budget import plan_memory_budget
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.train import TrainerConfig, train
+
+    factory, latent, extra = case
+    kw = fdl.build(case_recipe({"factory": factory, "latent": latent,
+                                "overrides": [*extra, *args.overrides, f"trainer.memory_budget_gb={budget}"]})).keywords
+    trainer = kw.get("trainer") or TrainerConfig()
+    ema = kw.get("ema_decay", inspect.signature(train).parameters["ema_decay"].default)
+    row = {"case": name, "factory": factory, "latent": list(latent), "budget_gib": budget, "host_gib": args.host_gib,
+           "torchao": args.torchao}
+    try:
+        choice, current = plan_memory_budget(budget, model=kw["model"], data=kw["data"], trainer=trainer,
+                                             optim=kw.get("optim") or OptimConfig(), lora=kw.get("lora"),
+                                             keep=tuple(trainer.memory_budget_keep), ema=bool(ema), cuda=True,
+                                             torchao=args.torchao, host_limit_gib=args.host_gib)
+    except ValueError as e:
+        return {**row, "plan": None, "why_not": str(e).split(":")[0]}
+    return {**row, "plan": choice.settings.describe(current), "estimate_gib": round(choice.gib, 1),
+            "host_share_gib": round(choice.host_gib, 1), "slowdown": round(choice.slowdown, 2)}
+
+
+def short(settings: str) -> str:
+    """A chooser's description without the config paths: ``activation_checkpointing=full, frozen_dtype=fp8``."""
+    return re.sub(r"\b(trainer\.strategy|lora|optim)\.", "", settings)
+
+
+def grid(plans: list[dict], measured: list[dict]) -> str:
+    """Markdown: one row per case, one column per budget. A measured cell (same case and budget) shows the run (bold
+    s/step, peak GiB); any other what the budget would choose ("plan:", estimates, not run), and, where a run of the
+    same case at another budget ran those very settings with a peak under this budget, that run."""
+    runs = {(r["case"], r["budget_gib"]): r for r in measured}
+    budgets = sorted({p["budget_gib"] for p in plans})
+    lines = ["| case | " + " | ".join(f"{b:g} GiB" for b in budgets) + " |", "|---" * (len(budgets) + 1) + "|"]
+    for case in dict.fromkeys(p["case"] for p in plans):
+        cells = []
+        for b in budgets:
+            p = next(x for x in plans if x["case"] == case and x["budget_gib"] == b)
+            r = runs.get((case, b))
+            if r is not None and verdict(r).startswith("yes"):
+                cells.append(f"**{r['step_s']:.2f} s**, {r['peak_mem_gib']:.1f} GiB")
+            elif r is not None:
+                cells.append(verdict(r))
+            elif p["plan"] is None:
+                cells.append(f"plan: nothing fits ({'host' if 'on this host' in p['why_not'] else 'GPU'} memory)")
+            else:
+                same = [x for (c, _), x in runs.items() if c == case and verdict(x).startswith("yes") and x["chosen"]
+                        and x["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0] == p["plan"]
+                        and x["peak_mem_gib"] <= b]
+                cells.append(f"plan: {short(p['plan'])}; est. {p['estimate_gib']:.1f} GiB, x{p['slowdown']:.2f}"
+                             + (f" (= the {same[0]['budget_gib']:g} GiB run: {same[0]['step_s']:.2f} s, peak "
+                                f"{same[0]['peak_mem_gib']:.1f} GiB)" if same else ""))
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def classify(log: str, returncode: int) -> str | None:
@@ -237,6 +307,12 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="combine the rows of earlier runs into --out (JSON, "
                    "Markdown table and plot; nothing is run)")
+    p.add_argument("--plan", action="store_true", help="nothing is run: what each budget would choose on a GPU "
+                   "(estimates), beside the runs of --measured, as one grid")
+    p.add_argument("--measured", help="with --plan: a (merged) matrix JSON whose runs fill their cells")
+    p.add_argument("--host-gib", type=float, default=240.0, help="with --plan: free host memory per process (GiB)")
+    p.add_argument("--torchao", action=argparse.BooleanOptionalAction, default=False,
+                   help="with --plan: torchao installed (adamw8bit may be chosen); default: not, as on the GPU runs")
     args = p.parse_args(argv)
     if args.child:
         run_child(json.loads(args.child))
@@ -253,6 +329,14 @@ def main(argv=None) -> int:
             p.error(f"unknown case(s) {unknown}; the cases are {sorted(cases)}")
         cases = {n: cases[n] for n in names}
     budgets = [float(b) for b in args.budgets.split(",")]
+    if args.plan:
+        plans = [plan_case(name, case, b, args) for name, case in cases.items() for b in budgets]
+        measured = json.loads(Path(args.measured).read_text())["results"] if args.measured else []
+        md = grid(plans, measured)
+        Path(args.out).write_text(json.dumps({"plans": plans, "measured_from": args.measured}, indent=1) + "\n")
+        Path(args.out).with_suffix(".md").write_text(md + "\n")
+        print(md)
+        return 0
     env = {**environment(args.device, args.commit), "command": shlex.join(["python", *sys.argv]),
            "emulation": "card size = torch.cuda.set_per_process_memory_fraction(budget / total memory); random "
                         "weights and latents" if args.device == "cuda" else "CPU: no memory cap"}

@@ -45,13 +45,14 @@ selective/save_attention 1.06; measured 1.18 and 1.04). Host copies (``HOST_LINK
 ``cpu_offload`` adds the host AdamW (``CPU_ADAM_PARAMS_PER_S``), which does not overlap. activation_offload and
 block_swap run the blocks eager (``nemo_vfm.parallel.config.ParallelConfig.resolve_compile``): ``EAGER`` where they
 would be compiled (our Wan 1.3B LoRA step spends 192 ms of 1,835 in fused Triton element-wise kernels where
-diffusers' eager step spends 709: (1835 - 192 + 709) / 1835 = 1.28). fp8 bases (dequantised every matmul)
-``FP8_DEQUANT``, fp32 ones under autocast ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT`` (not measured one by one).
+diffusers' eager step spends 709: (1835 - 192 + 709) / 1835 = 1.28). fp8 bases ``FP8_DEQUANT``, fp32 ones under
+autocast ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT`` (not measured one by one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import os
 import re
@@ -338,13 +339,11 @@ def _layout(strategy, trainer) -> tuple[object, int, int]:
     return cfg, fsdp * tp * pp, cp * (tp if cfg.sequence_parallel else 1)
 
 
-def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, keep: tuple[str, ...] = (),
-                        ema: bool = False, verbose: bool = True) -> Choice:
-    """Choose with :func:`choose` for this run and set the chosen knobs on ``trainer.strategy`` (a
-    ``VFMParallelStrategy``; the strategy name ``"auto"`` becomes one when a strategy knob changes), ``lora`` and
-    ``optim``. The knobs named in ``keep`` (names of :data:`DEFAULTS`) stay as set (see the module docstring)."""
-    import importlib.util
-
+def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, keep: tuple[str, ...] = (),
+                       ema: bool = False, cuda: bool | None = None, torchao: bool | None = None,
+                       host_limit_gib: float | None | str = "this host") -> tuple[Choice, MemorySettings]:
+    """(choice, the configs' settings) for this run, nothing set; ``cuda`` (a GPU run, whose blocks ``compile="auto"``
+    compiles), ``torchao``: None: this machine's; ``host_limit_gib``: free host GiB per process. Raises as choose."""
     import torch
 
     from nemo_vfm.lightning.strategy import VFMParallelStrategy
@@ -352,22 +351,36 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     strategy = trainer.strategy
     carries = isinstance(strategy, VFMParallelStrategy) or strategy == "auto"
     cfg, model_shards, token_shards = _layout(strategy, trainer)
+    devices = trainer.devices if isinstance(trainer.devices, int) else 1
     current = MemorySettings(
         activation_checkpointing=cfg.activation_checkpointing, frozen_dtype=getattr(lora, "frozen_dtype", None),
         activation_offload=cfg.activation_offload, block_swap=cfg.block_swap, cpu_offload=cfg.cpu_offload,
         optim_name=optim.name)
     if unknown := set(keep) - set(DEFAULTS):
         raise ValueError(f"trainer.memory_budget_keep names {sorted(unknown)}, not memory knobs; use {sorted(DEFAULTS)}")
-    fixed = {k: getattr(current, k) for k in keep}
-    compiled = cfg.compile is True or (cfg.compile == "auto" and torch.cuda.is_available())
+    compiled = cfg.compile is True or (cfg.compile == "auto" and (torch.cuda.is_available() if cuda is None else cuda))
     mixed = "mixed" in str(trainer.precision)
     w = workload(model, data, lora, model_shards=model_shards, token_shards=token_shards,
                  ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed, ema=ema)
-    opts = options(w, fixed, mixed_precision=mixed, strategy=carries,
-                   torchao=importlib.util.find_spec("torchao") is not None,
+    opts = options(w, {k: getattr(current, k) for k in keep}, mixed_precision=mixed, strategy=carries,
+                   torchao=importlib.util.find_spec("torchao") is not None if torchao is None else torchao,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
-    procs = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or (trainer.devices if isinstance(trainer.devices, int) else 1)
-    choice = choose(w, budget_gb, opts, current, headroom=HEADROOM, host_limit_gib=available_host_gib(procs))
+    if host_limit_gib == "this host":
+        host_limit_gib = available_host_gib(int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or devices)
+    return choose(w, budget_gb, opts, current, headroom=HEADROOM, host_limit_gib=host_limit_gib), current
+
+
+def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, keep: tuple[str, ...] = (),
+                        ema: bool = False, verbose: bool = True) -> Choice:
+    """:func:`plan_memory_budget`, then set the chosen knobs on ``trainer.strategy`` (``"auto"`` becomes a
+    ``VFMParallelStrategy`` when a strategy knob changes), ``lora`` and ``optim``; those named in ``keep`` stay."""
+    import torch
+
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+
+    choice, current = plan_memory_budget(budget_gb, model=model, data=data, trainer=trainer, optim=optim, lora=lora,
+                                         keep=keep, ema=ema)
+    strategy, cfg = trainer.strategy, _layout(trainer.strategy, trainer)[0]
     if verbose:
         print(choice.report(budget_gb, current, fit_gib=budget_gb * (1 - HEADROOM)))
     s = choice.settings

@@ -80,3 +80,42 @@ def test_every_built_in_case_names_a_recipe_whose_patches_tile_its_latents():
         model = getattr(finetune, factory)().model
         assert all(n % p == 0 for n, p in zip(latent, model.patch_size)), name
     assert math.prod(n // p for n, p in zip(mm.CASES["wan2.2-5b-lora-704p"][1], (1, 2, 2))) == 27_280
+
+
+def test_plan_fills_the_cells_not_run_and_names_a_run_of_the_same_settings(tmp_path):
+    row = dict(error=None, peak_mem_gib=13.9, last_logged_step=4, step_s=1.83)
+    measured = tmp_path / "m.json"
+    measured.write_text(json.dumps({"results": [
+        {**row, "case": "wan1.3b-lora-480p", "budget_gib": 80.0,
+         "chosen": ["memory budget 80 GiB (estimates fit 72.0): lora.frozen_dtype=bf16 (estimated 15.7 GiB, ...)"]},
+        {**row, "case": "wan1.3b-lora-480p", "budget_gib": 24.0, "error": "out of memory", "step_s": None,
+         "chosen": ["memory budget 24 GiB: lora.frozen_dtype=bf16 (estimated 15.7 GiB, ...)"]}]}))
+    out = tmp_path / "plan.json"
+    argv = ["--plan", "--only", "wan1.3b-lora-480p,wan14b-lora-720p", "--budgets", "24,32,80", "--measured",
+            str(measured), "--out", str(out)]
+    assert mm.main(argv) == 0
+    plans = {(p["case"], p["budget_gib"]): p for p in json.loads(out.read_text())["plans"]}
+    assert plans[("wan1.3b-lora-480p", 32.0)]["plan"] == "lora.frozen_dtype=bf16"
+    assert plans[("wan14b-lora-720p", 24.0)]["plan"] is None  # the 14B at 720p fits no 24 GiB card (estimate)
+    (lora13, lora14) = out.with_suffix(".md").read_text().splitlines()[2:]
+    assert lora13.split(" | ")[1:] == ["no: out of memory", "plan: frozen_dtype=bf16; est. 15.7 GiB, x1.10 (= the 80 "
+                                       "GiB run: 1.83 s, peak 13.9 GiB)", "**1.83 s**, 13.9 GiB |"]
+    assert lora14.split(" | ")[1] == "plan: nothing fits (GPU memory)"
+    assert lora14.split(" | ")[3].startswith("plan: activation_checkpointing=full, frozen_dtype=fp8; est.")
+
+
+def test_the_plans_choose_what_the_gpu_matrix_ran():
+    """The chooser on this CPU picks, for every cell of the GPU matrix of the current commit series, the settings
+    that ran there (a change to the estimates that moves one fails here: re-measure the matrix, docs/finetuning.md)."""
+    from pathlib import Path
+
+    rows = json.loads((Path(mm.ROOT) / "bench/results/memory_matrix_h100_f8f9167.json").read_text())["results"]
+    args = mm.main.__globals__["argparse"].Namespace(overrides=[], host_gib=240.0, torchao=False)
+    checked = 0
+    for r in rows:
+        if r["commit"] != "f8f9167":
+            continue
+        plan = mm.plan_case(r["case"], mm.CASES[r["case"]], r["budget_gib"], args)
+        assert plan["plan"] == r["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0], (r["case"], r["budget_gib"])
+        checked += 1
+    assert checked == 13
