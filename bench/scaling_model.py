@@ -3,6 +3,11 @@
     # pretrain_xl's FSDP layout from its one-GPU run and the measured collectives, at 1 to 1,024 GPUs
     python bench/scaling_model.py --factory pretrain_xl --baseline bench/results/scaling_xl_2h100.json \\
         --comm bench/results/comm_2h100.json --nprocs 1,2,8,64,1024
+    # all 28 layers of pretrain_7b on 4 GPUs (TP1 + FSDP4, selective recompute: half the blocks, +1/6) from the
+    # one-GPU step of 4 of its layers, scaled by FLOPs
+    python bench/scaling_model.py --factory pretrain_7b --baseline bench/results/scaling_7b4l_2xh100_48fb3aa.json \
+        --baseline-set model.num_layers=4 --recompute 0.167 --comm bench/results/comm_2xh100_2026-11-25.json \
+        --check bench/results/scaling_7b_tp1_fsdp4_4xh100_bde64a9.json
     # prediction vs what scaling.py measured (its N=1 row is the baseline); the 7B layout: TP2 + SP + FSDP
     python bench/scaling_model.py --factory pretrain_7b --set model.num_layers=4 --tp 2 --sp \\
         --comm bench/results/comm_2h100.json --check bench/results/scaling_7b4l_2h100.json
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import math
 import sys
@@ -56,6 +62,7 @@ class Workload:
     tokens: int  # S per sample
     batch: int  # B per data-parallel rank
     attn_share: float = 0.0  # attention's share of the step's FLOPs (for CP overlap)
+    analytic_flops: float = 0.0  # the step's FLOPs by nemo_vfm.models.flops (to scale a baseline of another depth)
 
 
 @dataclass(kw_only=True)
@@ -138,7 +145,7 @@ def predict(w: Workload, lay: Layout, n: int, bw: Bandwidth) -> dict:
     tflops = w.flops / mp / step / 1e12
     return {"nprocs": n, "dp": dp, "step_s": step, "compute_s": compute, "dp_comm_s": t_dp, "dp_exposed_s": exposed_dp,
             "tp_s": t_tp, "cp_exposed_s": exposed_cp, "pp_s": t_pp, "model_tflops": tflops,
-            "mfu": tflops / w.peak_tflops, "efficiency": w.step_s / (mp * step)}
+            "mfu": tflops / w.peak_tflops, "efficiency": w.step_s / (mp * step), "mp": mp}
 
 
 def baseline_row(path: Path, skip: int = 2) -> dict:
@@ -179,7 +186,15 @@ def workload_from_factory(factory: str, overrides: list[str], base: dict, peak: 
     flops = base["model_tflops"] * 1e12 * base["step_s"] if base.get("model_tflops") else fl.train_step
     peak = peak or (base["model_tflops"] / base["mfu"] if base.get("mfu") else 989.0)
     return Workload(step_s=base["step_s"], flops=flops, peak_tflops=peak, params=params, hidden=cfg.hidden_size,
-                    layers=cfg.num_layers, tokens=tokens, batch=batch, attn_share=fl.attention / fl.forward)
+                    layers=cfg.num_layers, tokens=tokens, batch=batch, attn_share=fl.attention / fl.forward,
+                    analytic_flops=fl.train_step)
+
+
+def scaled_to(w: Workload, measured: Workload) -> Workload:
+    """``w`` (the model to predict) with the one-GPU step of ``measured`` (the same recipe at another size, e.g.
+    fewer layers, that fits one GPU) scaled by their FLOPs: the same MFU on one GPU."""
+    ratio = w.analytic_flops / measured.analytic_flops
+    return dataclasses.replace(w, step_s=measured.step_s * ratio, flops=measured.flops * ratio)
 
 
 def main(argv=None) -> int:
@@ -188,6 +203,8 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], help="an override, as scaling.py --set")
     p.add_argument("--baseline", help="one-GPU figures: scaling.py JSON (its N=1 row) or a perf.jsonl")
     p.add_argument("--check", help="scaling.py JSON to compare against (also the baseline unless --baseline)")
+    p.add_argument("--baseline-set", action="append", default=[], help="an override that the baseline's run had "
+                   "beyond --set (e.g. model.num_layers=4): its step is scaled by FLOPs to the model of --set")
     p.add_argument("--comm", help="comm_bandwidth.py JSON (bus bandwidths within a node)")
     p.add_argument("--intra-busbw", type=float, help="GB/s for every op, instead of --comm")
     p.add_argument("--inter-gbit", type=float, default=400.0, help="inter-node Gb/s per GPU (ASSUMED, default NDR)")
@@ -206,6 +223,8 @@ def main(argv=None) -> int:
         p.error("give --baseline or --check")
     base = baseline_row(Path(a.baseline or a.check))
     w = workload_from_factory(a.factory, a.overrides, base, a.peak_tflops)
+    if a.baseline_set:
+        w = scaled_to(w, workload_from_factory(a.factory, [*a.overrides, *a.baseline_set], base, a.peak_tflops))
     bw = Bandwidth(json.loads(Path(a.comm).read_text())["results"] if a.comm else None, a.intra_busbw,
                    a.inter_gbit / 8, a.gpus_per_node)
     lay = Layout(tp=a.tp, sp=a.sp, cp=a.cp, pp=a.pp, microbatches=a.microbatches, dp_mode=a.dp_mode,
@@ -226,10 +245,10 @@ def main(argv=None) -> int:
         line = (f"{n:>5} {q['dp']:>5} {1e3 * q['step_s']:8.1f} {1e3 * q['compute_s']:8.1f} {1e3 * q['dp_comm_s']:8.1f} "
                 f"{1e3 * q['dp_exposed_s']:8.1f} {1e3 * q['tp_s']:7.1f} {1e3 * q['cp_exposed_s']:7.1f} "
                 f"{q['model_tflops']:8.0f} {100 * q['mfu']:5.1f}% {100 * q['efficiency']:5.1f}%")
-        if (r := measured.get(n)) is not None:
-            pct = lambda k: f"{100 * r[k]:.1f}%" if r.get(k) is not None else "-"  # noqa: E731
-            line += f"   | failed ({r['error']})" if "error" in r else \
-                f"   | {1e3 * r['step_s']:8.1f} {pct('mfu'):>6} {pct('efficiency'):>6}"
+        if (r := measured.get(n)) is not None:  # efficiency against this baseline, as the prediction's
+            mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
+            line += f"   | failed ({r['error']})" if r.get("error") else \
+                f"   | {1e3 * r['step_s']:8.1f} {mfu:>6} {100 * w.step_s / (q['mp'] * r['step_s']):5.1f}%"
         print(line)
     return 0
 

@@ -110,6 +110,22 @@ def test_scaling_model_hand_computed():
         sm.predict(W, sm.Layout(tp=4), 2, bw)
 
 
+def test_a_baseline_of_fewer_layers_is_scaled_by_flops(tmp_path, capsys):
+    import dataclasses
+
+    deep = dataclasses.replace(W, layers=70, analytic_flops=7e12)
+    s = sm.scaled_to(deep, dataclasses.replace(W, analytic_flops=1e12))  # measured: 0.1 s, 1e14 model FLOPs
+    assert s.step_s == pytest.approx(0.7) and s.flops == pytest.approx(7e14) and s.layers == 70
+    # through the CLI: a one-layer quickstart measured, the two-layer one predicted (the embedding and head stay)
+    base = tmp_path / "one_layer.json"
+    base.write_text(json.dumps({"results": [{"nprocs": 1, "step_s": 0.2, "model_tflops": 1.0, "mfu": 0.5}]}))
+    argv = ["--factory", "quickstart", "--set", "model.num_layers=2", "--baseline", str(base), "--baseline-set",
+            "model.num_layers=1", "--intra-busbw", "100", "--nprocs", "1,2"]
+    assert sm.main(argv) == 0
+    t1 = float(capsys.readouterr().out.split("T1=")[1].split(" ms")[0])
+    assert 200 * 1.5 < t1 < 200 * 2  # more than 1.5x, less than 2x: the blocks double, the rest does not
+
+
 def test_bandwidth_interpolates_in_log_size():
     rows = [{"op": "all_reduce", "bytes": 2**20, "busbw_GBps": 10.0},
             {"op": "all_reduce", "bytes": 2**22, "busbw_GBps": 30.0}]
