@@ -352,8 +352,8 @@ def main(argv=None) -> int:
     plot(results, out.with_suffix(".png"))
     print(table(results))
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
-    # not fitting is a result; a run that failed otherwise (or timed out) is not
-    return 1 if any(r["error"] and r["error"].startswith(("failed", "timeout")) for r in results) else 0
+    # not fitting is a result, as is a run cut after it stepped; a run that failed otherwise (or timed out) is not
+    return 1 if any(verdict(r).startswith(("no: failed", "no: timeout")) for r in results) else 0
 
 
 if __name__ == "__main__":

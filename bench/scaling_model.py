@@ -3,10 +3,10 @@
     # pretrain_xl's FSDP layout from its one-GPU run and the measured collectives, at 1 to 1,024 GPUs
     python bench/scaling_model.py --factory pretrain_xl --baseline bench/results/scaling_xl_2h100.json \\
         --comm bench/results/comm_2h100.json --nprocs 1,2,8,64,1024
-    # all 28 layers of pretrain_7b on 4 GPUs (TP1 + FSDP4, selective recompute: half the blocks, +1/6) from the
-    # one-GPU step of 4 of its layers, scaled by FLOPs
+    # all 28 layers of pretrain_7b on 4 GPUs (TP1 + FSDP4) from the one-GPU step of 4 of its layers (which ran the
+    # recipe's selective recompute too), scaled by FLOPs
     python bench/scaling_model.py --factory pretrain_7b --baseline bench/results/scaling_7b4l_2xh100_48fb3aa.json \
-        --baseline-set model.num_layers=4 --recompute 0.167 --comm bench/results/comm_2xh100_2026-11-25.json \
+        --baseline-set model.num_layers=4 --comm bench/results/comm_2xh100_2026-11-25.json \
         --check bench/results/scaling_7b_tp1_fsdp4_4xh100_bde64a9.json
     # prediction vs what scaling.py measured (its N=1 row is the baseline); the 7B layout: TP2 + SP + FSDP
     python bench/scaling_model.py --factory pretrain_7b --set model.num_layers=4 --tp 2 --sp \\

@@ -65,7 +65,7 @@ def test_merge_orders_rows_as_the_cases_and_keeps_each_runs_origin(tmp_path):
         ("wan14b-lora-480p", 24.0, "aaa"), ("wan14b-lora-480p", 80.0, "aaa")]
     md = out.with_suffix(".md").read_text()
     assert "| wan14b-lora-480p | 24 | no: out of memory |" in md
-    # cut by the harness's time limit: fits once it has stepped under the cap (two timed intervals), not before
+    # cut by the harness's time limit: fits once it has logged two steps under the cap (one timed), not before
     assert "| wan1.3b-lora-480p | 32 | yes (stepped to step 3, then the 300 s limit cut it) | 2.000 |" in md
     assert "| wan1.3b-lora-480p | 8 | no: timeout after 300 s | 2.000 (until step 1) |" in md
     assert out.with_suffix(".png").stat().st_size > 0

@@ -119,11 +119,16 @@ def test_a_baseline_of_fewer_layers_is_scaled_by_flops(tmp_path, capsys):
     # through the CLI: a one-layer quickstart measured, the two-layer one predicted (the embedding and head stay)
     base = tmp_path / "one_layer.json"
     base.write_text(json.dumps({"results": [{"nprocs": 1, "step_s": 0.2, "model_tflops": 1.0, "mfu": 0.5}]}))
+    check = tmp_path / "two_layers_n2.json"  # measured at N=2 only: its efficiency is against the scaled baseline
+    check.write_text(json.dumps({"results": [{"nprocs": 2, "step_s": 0.4, "mfu": 0.3}]}))
     argv = ["--factory", "quickstart", "--set", "model.num_layers=2", "--baseline", str(base), "--baseline-set",
-            "model.num_layers=1", "--intra-busbw", "100", "--nprocs", "1,2"]
+            "model.num_layers=1", "--intra-busbw", "100", "--check", str(check)]
     assert sm.main(argv) == 0
-    t1 = float(capsys.readouterr().out.split("T1=")[1].split(" ms")[0])
+    out = capsys.readouterr().out
+    t1 = float(out.split("T1=")[1].split(" ms")[0])
     assert 200 * 1.5 < t1 < 200 * 2  # more than 1.5x, less than 2x: the blocks double, the rest does not
+    measured = out.strip().splitlines()[-1].split("|")[1].split()
+    assert measured == ["400.0", "30.0%", f"{100 * t1 / 400:.1f}%"]
 
 
 def test_bandwidth_interpolates_in_log_size():

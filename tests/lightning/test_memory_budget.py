@@ -69,7 +69,7 @@ MEASURED = [  # flavor, lora, latent, settings, measured GiB
     ("ti2v_5b", True, LATENT_5B_704P, dict(activation_checkpointing=FULL, frozen_dtype="fp8"), 20.0),  # 24 GiB
     ("ti2v_5b", True, LATENT_5B_704P, dict(activation_checkpointing=SA, frozen_dtype="bf16"), 27.7),  # 80 GiB
 ]
-# Wan 14B LoRA at 720p (f8f9167): the estimates are 6.1% and 11.3% low, about the headroom (10% of the budget = 11.1%
+# Wan 14B LoRA at 720p (f8f9167): the peaks are 6.1% and 11.2% above the estimates, about the headroom (10% of the budget = 11.1%
 # of a fitting estimate); both runs fit the budget they were chosen for, the 48 GiB one by 0.6 GiB
 UNDER_BY_ABOUT_THE_HEADROOM = [  # ..., the budget it ran at
     ("t2v_14b", True, LATENT_720P_81F, dict(activation_checkpointing=FULL, frozen_dtype="fp8"), 73.5, 80),
@@ -95,17 +95,18 @@ def test_estimates_match_the_measured_h100_peaks(flavor, lora, latent, settings,
 
 @pytest.mark.parametrize("flavor,lora,latent,settings,measured,budget", UNDER_BY_ABOUT_THE_HEADROOM)
 def test_the_14b_720p_estimates_are_low_by_about_the_headroom(flavor, lora, latent, settings, measured, budget):
-    """Under by 6-12% (a known limit, docs/finetuning.md), and they fit the budget that chose them (the recipe's
-    choice there: tests/bench/test_memory_matrix.py)."""
+    """Peaks 6-12% above estimates that their budget takes (a known limit, docs/finetuning.md; that the recipe chose
+    these settings there: tests/bench/test_memory_matrix.py)."""
     w = workload(wan_config(flavor), _data(latent), _lora(), compile=True)
     est = estimate_gib(w, MemorySettings(**settings))
-    assert 0.06 < (measured - est) / est <= 0.12 and measured <= budget, est
+    assert est <= (1 - HEADROOM) * budget  # an estimate that the budget takes
+    assert 0.06 < (measured - est) / est <= 0.12, est
 
 
 @pytest.mark.parametrize("flavor,lora,latent,settings,measured", OVER_ESTIMATED)
 def test_full_fine_tuning_is_over_estimated(flavor, lora, latent, settings, measured):
     w = workload(wan_config(flavor), _data(latent), None, compile=True)
-    assert estimate_gib(w, MemorySettings(**settings)) >= measured
+    assert measured <= estimate_gib(w, MemorySettings(**settings)) <= 1.5 * measured  # 14-47% above, documented
 
 
 # Ran out of memory (bench/results/memory_matrix_wan13b_lora720_24_*.json, memory_matrix_wan14b_lora720_80_*.json):
