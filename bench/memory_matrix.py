@@ -163,9 +163,8 @@ def grid(plans: list[dict], measured: list[dict]) -> str:
             elif p["plan"] is None:
                 cells.append(f"plan: nothing fits ({'host' if 'on this host' in p['why_not'] else 'GPU'} memory)")
             else:
-                same = [x for (c, _), x in runs.items() if c == case and verdict(x).startswith("yes") and x["chosen"]
-                        and x["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0] == p["plan"]
-                        and x["peak_mem_gib"] <= b]
+                same = [x for (c, _), x in runs.items() if c == case and verdict(x).startswith("yes")
+                        and chosen_settings(x) == p["plan"] and x["peak_mem_gib"] <= b]
                 cells.append(f"plan: {short(p['plan'])}; est. {p['estimate_gib']:.1f} GiB, x{p['slowdown']:.2f}"
                              + (f" (= the {same[0]['budget_gib']:g} GiB run: {same[0]['step_s']:.2f} s, peak "
                                 f"{same[0]['peak_mem_gib']:.1f} GiB)" if same else ""))
@@ -224,6 +223,11 @@ def run_case(name: str, case: tuple, budget: float, args) -> dict:
     return res
 
 
+def chosen_settings(r: dict) -> str | None:
+    """What a run's budget chose, as the chooser describes it (``lora.frozen_dtype=fp8, ...``); None: no line."""
+    return r["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0] if r["chosen"] else None
+
+
 def verdict(r: dict) -> str:
     """'yes', or why not; a run the harness's time limit cut after it had stepped under the cap (the step times are
     measured) fits, and says where it was cut."""
@@ -237,7 +241,7 @@ def verdict(r: dict) -> str:
 def table(results: list[dict]) -> str:
     lines = ["| case | budget GiB | fits | s/step | peak GiB | chosen |", "|---|---|---|---|---|---|"]
     for r in results:
-        chosen = r["chosen"][0].split(": ", 1)[-1].split(" (estimated")[0] if r["chosen"] else "-"
+        chosen = chosen_settings(r) or "-"
         step = f"{r['step_s']:.3f}" if r.get("step_s") else "-"
         if r.get("last_logged_step") and verdict(r).startswith("no"):
             step += f" (until step {r['last_logged_step']})"

@@ -142,7 +142,7 @@ def pretrain_7b() -> run.Partial:
     TP2 + SP + FSDP with selective activation checkpointing (``parallel.layout_7b``). On 4 or more 80 GB GPUs,
     FSDP alone is faster: ``trainer.strategy.tensor_model_parallel_size=1 trainer.strategy.sequence_parallel=false``
     ran at 39.9% MFU on 4 H100s against 29-31% for TP2 on 4 H200s (docs/benchmarks.md section 7); on 2 its state
-    does not fit.
+    would not fit (by count: ~59 GiB of weights, gradients and AdamW state per GPU, ~15 more for the EMA).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``
     Python: ``recipe = dit.pretrain_7b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
