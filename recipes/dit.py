@@ -139,7 +139,8 @@ def pretrain_xl() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
-    TP2 + SP + FSDP with selective activation checkpointing (``parallel.layout_7b``). On 4 or more 80 GB GPUs,
+    TP2 + SP + FSDP over the ranks TP leaves (none on 2 GPUs: FSDP is then off) with selective activation
+    checkpointing (``parallel.layout_7b``). On 4 or more 80 GB GPUs,
     FSDP alone is faster: ``trainer.strategy.tensor_model_parallel_size=1 trainer.strategy.sequence_parallel=false``
     ran at 39.9% MFU on 4 H100s against 29-31% for TP2 on 4 H200s (docs/benchmarks.md section 7); on 2 its state
     would not fit (by count: ~59 GiB of weights, gradients and AdamW state per GPU, ~15 more for the EMA).

@@ -63,8 +63,10 @@ def build_optimizer(cfg: OptimConfig, groups: list[dict], fused: bool = False) -
     updated in fp32 by one compiled kernel per parameter. It has no fused form, so
     :func:`~nemo_vfm.lightning.optimizer_step.prepare_update` clips by scaling the gradients (by the mesh-wide
     norm) and drops a bad update by clearing them; DTensor (FSDP2/TP) parameters get DTensor state."""
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
+    if cfg.name == "adamw":  # torch's AdamW on DTensors' local shards (nemo_vfm.parallel.shard_local_optim)
+        from nemo_vfm.parallel.shard_local_optim import ShardLocalAdamW
+
+        return ShardLocalAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
     try:
         from torchao.optim import AdamW8bit
     except ImportError as e:
@@ -309,13 +311,10 @@ class DiffusionModule(L.LightningModule):
             return
         # Warm-up of the decay (as in many EMA implementations) so that early EMA tracks the model.
         decay = min(self.ema_decay, (1 + step) / (10 + step))
-        from torch.distributed.tensor import DTensor
+        from nemo_vfm.parallel.shard_local_optim import lerp_local_
 
-        pairs = [(e, m) for e, m in zip(self.ema.parameters(), self.model.parameters()) if m.requires_grad]
-        for dtensor in (True, False):  # foreach kernels reject lists that mix DTensors (TP) and plain tensors
-            part = [(e, m.detach()) for e, m in pairs if isinstance(e, DTensor) == dtensor]
-            if part:
-                torch._foreach_lerp_([e for e, _ in part], [m for _, m in part], 1 - decay)
+        pairs = [(e, m.detach()) for e, m in zip(self.ema.parameters(), self.model.parameters()) if m.requires_grad]
+        lerp_local_([e for e, _ in pairs], [m for _, m in pairs], 1 - decay)  # on local shards
 
     def configure_optimizers(self):
         decay, no_decay = [], []
@@ -323,10 +322,12 @@ class DiffusionModule(L.LightningModule):
             if not p.requires_grad:
                 continue
             (no_decay if p.dim() < 2 or "embed" in name else decay).append(p)
-        from nemo_vfm.parallel.grads import split_dtensor_groups
+        groups = [g for g in ({"params": decay, "weight_decay": self.optim.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        if self.optim.name != "adamw":  # torch's AdamW runs on local shards: its groups may mix DTensors and tensors
+            from nemo_vfm.parallel.grads import split_dtensor_groups
 
-        groups = split_dtensor_groups([{"params": decay, "weight_decay": self.optim.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}])
+            groups = split_dtensor_groups(groups)
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
         fused = fused and self.optim.name == "adamw"  # AdamW8bit has no fused kernel (OptimConfig refuses fused=True)
         if fused and self.trainer.gradient_clip_val and getattr(self.trainer.precision_plugin, "scaler", None):

@@ -76,9 +76,12 @@ class ParallelDims:
                 f"layout pp*dp_replicate*dp_shard*cp*tp = {self.pp}*{self.dp_replicate}*{self.dp_shard}*"
                 f"{self.cp}*{self.tp} = {product} does not match world size {self.world_size}; make them equal."
             )
-        if self.fsdp is None or self.world_size == 1:
-            # one process: nothing to shard over, FSDP would only add copies (and its bf16 weight casts)
+        if self.fsdp is None:
             self.fsdp = self.dp_shard > 1
+        elif self.dp_shard * self.cp == 1:
+            # one rank per FSDP group (one process, or TP/PP/replicas over all of them): nothing to shard over;
+            # FSDP would only add copies, bf16 weight casts, a reduce-scatter per block and per-block host hooks
+            self.fsdp = False
         if self.dp_shard > 1 and not self.fsdp:
             raise ValueError(
                 f"dp_shard={self.dp_shard} shards parameters, which needs fsdp=True; set fsdp=True or "
