@@ -322,12 +322,10 @@ class DiffusionModule(L.LightningModule):
             if not p.requires_grad:
                 continue
             (no_decay if p.dim() < 2 or "embed" in name else decay).append(p)
+        # Groups may mix DTensors and plain tensors (TP without FSDP): AdamW runs on local shards, AdamW8bit per
+        # parameter. So the groups, and an optimizer checkpoint's, are the same under every layout.
         groups = [g for g in ({"params": decay, "weight_decay": self.optim.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-        if self.optim.name != "adamw":  # torch's AdamW runs on local shards: its groups may mix DTensors and tensors
-            from nemo_vfm.parallel.grads import split_dtensor_groups
-
-            groups = split_dtensor_groups(groups)
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
         fused = fused and self.optim.name == "adamw"  # AdamW8bit has no fused kernel (OptimConfig refuses fused=True)
         if fused and self.trainer.gradient_clip_val and getattr(self.trainer.precision_plugin, "scaler", None):

@@ -62,7 +62,7 @@ def _load_sharded(path: Path, module, optimizers, strict: bool, weights_only: bo
     dcp.load(state, storage_reader=reader)
     set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=strict))
     for i, opt in enumerate(optimizers):
-        set_optimizer_state_dict(module, opt, state[f"optimizer_{i}"])
+        set_optimizer_state(module, opt, state[f"optimizer_{i}"])
     return rest
 
 
@@ -77,7 +77,7 @@ def _load_full(path: Path, module, optimizers, strict: bool, weights_only: bool)
     for opt, osd in zip(optimizers, saved):
         if osd.get("state") and isinstance(next(iter(osd["state"])), int):  # a plain optimizer.state_dict()
             osd = _by_name(osd, module, opt)
-        set_optimizer_state_dict(module, opt, osd, options=full)
+        set_optimizer_state(module, opt, osd, options=full)
     return checkpoint
 
 
@@ -93,3 +93,15 @@ def _by_name(osd: dict, module, optimizer) -> dict:
                          "(e.g. the same LoRA targets), or start a new run from its weights with init_from=")
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
     return {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": groups}
+
+
+def set_optimizer_state(module, optimizer, osd: dict, options: StateDictOptions | None = None) -> None:
+    """``set_optimizer_state_dict``, then any setting (lr, betas, weight decay...) a param group lacks is the run's
+    own. Before the optimizer ran on local shards, its groups were split by DTensor-ness, so a checkpoint of a layout
+    that mixed DTensors and plain tensors (TP without FSDP) holds more groups than the optimizer has now; the groups
+    it matched by parameter name then came back without their settings (KeyError 'betas' at the first step)."""
+    before = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    set_optimizer_state_dict(module, optimizer, osd, options=options)
+    for group, settings in zip(optimizer.param_groups, before):
+        for k, v in settings.items():
+            group.setdefault(k, v)

@@ -35,7 +35,7 @@ class ParallelConfig:
     context_parallel_kind: str = "ring"
     """``ring`` (P2P, any head count) or ``a2a`` (all-to-all / Ulysses, heads per TP rank divisible by CP)."""
     factorized_context_parallel: str = "hybrid"
-    """ST-DiT under CP: ``hybrid`` (spatial local, temporal by all-to-all, full by ring) or ``ring`` (all ring)."""
+    """ST-DiT under CP: spatial attention is local; temporal by all-to-all (``hybrid``) or by ring (``ring``)."""
     pipeline_model_parallel_size: int = 1
     """PP: the blocks split into this many stages (families with pipeline stages: DiT, MovieGen)."""
     pipeline_schedule: str = "1f1b"
@@ -44,7 +44,9 @@ class ParallelConfig:
     """Pipeline micro-batches per step (None: one per stage)."""
     fsdp: bool = True
     """Data-parallel ranks shard parameters, gradients and optimizer state (FSDP2); False: plain data parallel.
-    Off by itself where an FSDP group would hold one rank (``dp_shard * cp == 1``, e.g. TP2 on 2 GPUs)."""
+    Off by itself where an FSDP group would hold one rank and nothing replicates (``dp_shard * cp == 1``,
+    ``dp_replicate == 1``: one GPU, or TP2 on 2 GPUs); then ``param_dtype`` / ``reduce_dtype`` do nothing (the
+    precision setting's autocast picks the compute dtype) and ``cpu_offload`` still wraps the network in FSDP2."""
     fsdp_reshard_after_forward: bool = True
     """False: each block keeps its gathered weights from forward to backward (ZeRO-2: one all-gather per step)."""
     overlap_grad_reduce: bool = True

@@ -78,9 +78,11 @@ class ParallelDims:
             )
         if self.fsdp is None:
             self.fsdp = self.dp_shard > 1
-        elif self.dp_shard * self.cp == 1:
-            # one rank per FSDP group (one process, or TP/PP/replicas over all of them): nothing to shard over;
-            # FSDP would only add copies, bf16 weight casts, a reduce-scatter per block and per-block host hooks
+        elif self.dp_shard * self.cp == 1 and self.dp_replicate == 1:
+            # one rank per FSDP group and no replicas (one process, or TP/PP over all of them): nothing to shard
+            # over. FSDP2 skips its collectives there but still copies each gradient in (fp32) and runs per-block
+            # hooks. Without it the compute dtype is autocast's (the precision setting), not param_dtype's.
+            # With replicas (dp_replicate > 1) it stays: HSDP then reduces the gradients across them.
             self.fsdp = False
         if self.dp_shard > 1 and not self.fsdp:
             raise ValueError(

@@ -6,8 +6,8 @@ values. Two things follow from running torch's kernels on the plain local tensor
 - one optimizer param group may mix DTensors and plain tensors (TP without FSDP leaves norms and embeddings
   plain; torch's multi-tensor kernels reject such a list). The groups, and so an optimizer checkpoint's groups,
   no longer depend on the parallel layout: a run saved under CP2 + FSDP resumes under TP2 without FSDP.
-- no sharding propagation per tensor on the host: on the CPU, fused AdamW over 850 small DTensors (2 gloo
-  processes) took 12.5 ms a step instead of 21.3 through DTensor's dispatch. Not measured on a GPU.
+- no sharding propagation per tensor on the host (DTensor's dispatch of a multi-tensor kernel does one per
+  tensor). What that saves on a GPU has not been measured.
 
 A gradient whose placements differ from its parameter's (a ``Partial`` sum a TP layer left) is redistributed
 first; every rank holding the parameter runs that collective, as DTensor's own dispatch would.
@@ -65,18 +65,21 @@ class ShardLocalAdamW(torch.optim.AdamW):
 @torch.no_grad()
 def lerp_local_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: float) -> None:
     """``targets[i] += weight * (sources[i] - targets[i])`` (the EMA update) on local shards, one multi-tensor
-    kernel per (device, dtype). A pair laid out differently (a DTensor beside a plain tensor, or other placements)
-    goes through DTensor's own dispatch instead."""
+    kernel per (device, dtype). Each pair must be laid out alike (both plain, or DTensors of one mesh and
+    placements), as an EMA copy laid out like its network is."""
     groups: dict[tuple, tuple[list, list]] = {}
-    for t, s in zip(targets, sources):
-        same = isinstance(t, DTensor) == isinstance(s, DTensor) and (
-            not isinstance(t, DTensor) or (t.device_mesh == s.device_mesh and tuple(t.placements) == tuple(s.placements)))
-        if not same:
-            t.lerp_(s, weight)
-            continue
+    for i, (t, s) in enumerate(zip(targets, sources)):
+        if isinstance(t, DTensor) != isinstance(s, DTensor) or (isinstance(t, DTensor) and (
+                t.device_mesh != s.device_mesh or tuple(t.placements) != tuple(s.placements))):
+            raise ValueError(f"lerp_local_: pair {i} is laid out differently ({_layout(t)} and {_layout(s)}); "
+                             "lay the EMA copy out like the network it follows")
         lt, ls = local(t), local(s)
         ts, ss = groups.setdefault((lt.device, lt.dtype, ls.dtype), ([], []))
         ts.append(lt)
         ss.append(ls)
     for ts, ss in groups.values():
         torch._foreach_lerp_(ts, ss, weight)
+
+
+def _layout(t: torch.Tensor) -> str:
+    return f"DTensor {tuple(t.placements)}" if isinstance(t, DTensor) else "a plain tensor"

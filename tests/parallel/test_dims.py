@@ -14,10 +14,11 @@ def test_remaining_ranks_go_to_fsdp():
 
 
 @pytest.mark.parametrize("kw, on", [(dict(world_size=2, tp=2), False), (dict(world_size=2, pp=2), False),
-                                    (dict(world_size=2, dp_replicate=2), False), (dict(world_size=1), False),
+                                    (dict(world_size=2, dp_replicate=2), True), (dict(world_size=1), False),
                                     (dict(world_size=2, cp=2), True), (dict(world_size=4, tp=2), True)])
 def test_fsdp_asked_for_is_off_where_a_group_would_hold_one_rank(kw, on):
-    """The strategy asks for FSDP by default; over one rank it would only add copies and per-block hooks."""
+    """The strategy asks for FSDP by default; over one rank without replicas it would only add gradient copies and
+    per-block hooks (with replicas, HSDP reduces the gradients across them)."""
     d = ParallelDims(fsdp=True, **kw)
     assert d.fsdp is on and d.fsdp_size == (d.dp_shard * d.cp if on else 1)
 

@@ -96,13 +96,65 @@ def _lerp(rank, world):
 
     mesh = init_device_mesh("cpu", (world,))
     ema, model = _tensors(2, 3), _tensors(3, 3)
-    ours = [distribute_tensor(ema[0], mesh, [Shard(0)]), ema[1].clone(), distribute_tensor(ema[2], mesh, [Shard(0)])]
+    ours = [distribute_tensor(ema[0].clone(), mesh, [Shard(0)]), ema[1].clone(),
+            distribute_tensor(ema[2].clone(), mesh, [Replicate()])]
     src = [distribute_tensor(model[0], mesh, [Shard(0)]), model[1], distribute_tensor(model[2], mesh, [Replicate()])]
-    lerp_local_(ours, src, 0.25)  # the last pair differs in placements: DTensor's own lerp_
-    return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in ours], [e.lerp(m, 0.25) for e, m in zip(ema, model)]
+    lerp_local_(ours, src, 0.25)
+    try:  # a pair laid out differently is refused, naming both layouts
+        lerp_local_([distribute_tensor(ema[0].clone(), mesh, [Shard(0)])], [model[0]], 0.25)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return ([t.full_tensor() if hasattr(t, "full_tensor") else t for t in ours],
+            [e.lerp(m, 0.25) for e, m in zip(ema, model)], refused)
 
 
 def test_lerp_local_is_the_ema_update():
-    for ours, ref in run_distributed(_lerp, 2):
+    for ours, ref, refused in run_distributed(_lerp, 2):
+        assert "pair 0 is laid out differently" in refused and "a plain tensor" in refused
         for a, b in zip(ours, ref):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _old_split_groups_resume(rank, world, folder):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from nemo_vfm.lightning.resume import set_optimizer_state
+    from nemo_vfm.parallel.grads import split_dtensor_groups
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def net():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+        return parallelize_module(m, mesh, {"0": ColwiseParallel()})  # TP without FSDP: DTensors beside tensors
+
+    def groups(m):
+        return [{"params": [p for p in m.parameters() if p.dim() > 1], "weight_decay": 0.1},
+                {"params": [p for p in m.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+    def step(m, opt):
+        m(torch.randn(2, 4, generator=torch.Generator().manual_seed(1))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    old = net()
+    old_opt = torch.optim.AdamW(split_dtensor_groups(groups(old)), lr=1e-2)  # how optimizers were built before
+    step(old, old_opt)
+    dcp.save({"optimizer_0": get_optimizer_state_dict(old, old_opt)}, checkpoint_id=folder)
+    new = net()
+    opt = ShardLocalAdamW(groups(new), lr=1e-2, betas=(0.8, 0.95))
+    state = {"optimizer_0": get_optimizer_state_dict(new, opt)}
+    dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state(new, opt, state["optimizer_0"])
+    step(new, opt)  # KeyError 'betas' without the settings filled in
+    return [{k: g[k] for k in ("lr", "betas", "weight_decay")} for g in opt.param_groups], len(old_opt.param_groups)
+
+
+def test_a_checkpoint_of_split_groups_resumes_into_mixed_groups(tmp_path):
+    settings, old_groups = run_distributed(_old_split_groups_resume, 1, str(tmp_path / "ckpt"))[0]
+    assert old_groups == 4 and len(settings) == 2
+    assert all(s["lr"] == 1e-2 and len(s["betas"]) == 2 for s in settings)
