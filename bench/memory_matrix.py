@@ -149,13 +149,13 @@ def grid(plans: list[dict], measured: list[dict]) -> str:
     s/step, peak GiB); any other what the budget would choose ("plan:", estimates, not run), and, where a run of the
     same case at another budget ran those very settings with a peak under this budget, that run."""
     runs = {(r["case"], r["budget_gib"]): r for r in measured}
+    by_cell = {(p["case"], p["budget_gib"]): p for p in plans}
     budgets = sorted({p["budget_gib"] for p in plans})
     lines = ["| case | " + " | ".join(f"{b:g} GiB" for b in budgets) + " |", "|---" * (len(budgets) + 1) + "|"]
     for case in dict.fromkeys(p["case"] for p in plans):
         cells = []
         for b in budgets:
-            p = next(x for x in plans if x["case"] == case and x["budget_gib"] == b)
-            r = runs.get((case, b))
+            p, r = by_cell[(case, b)], runs.get((case, b))
             if r is not None and verdict(r).startswith("yes"):
                 cells.append(f"**{r['step_s']:.2f} s**, {r['peak_mem_gib']:.1f} GiB")
             elif r is not None:

@@ -380,11 +380,11 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
 
     choice, current = plan_memory_budget(budget_gb, model=model, data=data, trainer=trainer, optim=optim, lora=lora,
                                          keep=keep, ema=ema)
-    strategy, cfg = trainer.strategy, _layout(trainer.strategy, trainer)[0]
+    strategy = trainer.strategy
     if verbose:
         print(choice.report(budget_gb, current, fit_gib=budget_gb * (1 - HEADROOM)))
     s = choice.settings
-    changes = {k: getattr(s, k) for k in STRATEGY_KNOBS if getattr(s, k) != getattr(cfg, k)}
+    changes = {k: getattr(s, k) for k in STRATEGY_KNOBS if getattr(s, k) != getattr(current, k)}
     if changes and isinstance(strategy, str):
         trainer.strategy = VFMParallelStrategy(**changes)
     elif changes:  # what VFMParallelStrategy.__init__ derives from its knobs

@@ -47,8 +47,9 @@ def is_tp_sharded(p: torch.Tensor) -> bool:
     return isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
 
 
-def _local(g: torch.Tensor) -> torch.Tensor:
-    return g.to_local() if isinstance(g, DTensor) else g
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """The rank's local shard of a DTensor (a view sharing its storage), or ``t`` itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _all_reduce_flat(tensors: list[torch.Tensor], group, op) -> None:
@@ -83,7 +84,7 @@ def sync_grads(
     named = [(clean_name(n), p) for n, p in model.named_parameters() if p.grad is not None]
     if dims.tp > 1:
         part = [
-            _local(p.grad)
+            local_shard(p.grad)
             for n, p in named
             if (dims.sequence_parallel and not is_tp_sharded(p)) or _matches(n, tp_partial)
         ]
@@ -93,17 +94,17 @@ def sync_grads(
         for gs in by_dtype.values():
             _all_reduce_flat(gs, pmesh.group("tp"), dist.ReduceOp.SUM)
     if dims.pp > 1 and pp_duplicated:
-        dup = [_local(p.grad) for n, p in named if _matches(n, pp_duplicated)]
+        dup = [local_shard(p.grad) for n, p in named if _matches(n, pp_duplicated)]
         _all_reduce_flat(dup, pmesh.group("pp"), dist.ReduceOp.SUM)
     if getattr(dims, "ep", 1) > 1:
         from nemo_vfm.parallel.expert_parallel import is_expert_param
 
         for _, p in named:
             if is_expert_param(p):
-                _local(p.grad).div_(dims.ep)
+                local_shard(p.grad).div_(dims.ep)
     if reduce_dp and not fsdp and pmesh.size("dp_cp") > 1:
         n = pmesh.size("dp_cp")
-        grads = [_local(p.grad) for _, p in named]
+        grads = [local_shard(p.grad) for _, p in named]
         _all_reduce_flat(grads, pmesh.group("dp_cp"), dist.ReduceOp.SUM)
         for g in grads:
             g.div_(n)
@@ -138,7 +139,7 @@ def total_grad_norm(
         for n, p in mod.named_parameters():
             if p.grad is None:
                 continue
-            g = _local(p.grad)
+            g = local_shard(p.grad)
             dup = _matches(clean_name(n), pp_duplicated)
             weight = 1.0 / (_copies(p, pmesh, dup) * (len(modules) if dup else 1))
             groups.setdefault((g.device, g.dtype, weight), []).append(g)
@@ -171,7 +172,7 @@ def scale_grads_(model: nn.Module | list[nn.Module], coef: torch.Tensor) -> None
     for mod in model if isinstance(model, (list, tuple)) else [model]:
         for p in mod.parameters():
             if p.grad is not None:
-                g = _local(p.grad)
+                g = local_shard(p.grad)
                 groups.setdefault((g.device, g.dtype), []).append(g)
     for (device, _), grads in groups.items():
         torch._foreach_mul_(grads, coef.to(device))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_vfm.parallel.grads import _local, _matches, clean_name
+from nemo_vfm.parallel.grads import _matches, clean_name, local_shard
 from nemo_vfm.parallel.mesh import ParallelMesh
 
 
@@ -117,7 +117,7 @@ def sync_duplicated_grads(stages: list[nn.Module], pmesh: ParallelMesh, patterns
         for n, p in st.named_parameters():
             name = clean_name(n)
             if p.grad is not None and _matches(name, patterns):
-                copies.setdefault(name, []).append(_local(p.grad))
+                copies.setdefault(name, []).append(local_shard(p.grad))
     names = sorted(copies)
     if not names:
         return

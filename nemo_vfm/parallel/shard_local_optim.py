@@ -18,10 +18,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """The rank's local shard of a DTensor (a view sharing its storage), or ``t`` itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
+from nemo_vfm.parallel.grads import local_shard as local
 
 
 def _local_grad(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 failure), a fitting one trains and records s/step and the chooser's line; a Wan LoRA recipe runs on random
 weights and latents through the same path."""
 
+import argparse
 import json
 
 import memory_matrix as mm
@@ -107,10 +108,8 @@ def test_plan_fills_the_cells_not_run_and_names_a_run_of_the_same_settings(tmp_p
 def test_the_plans_choose_what_the_gpu_matrix_ran():
     """The chooser on this CPU picks, for every cell of the GPU matrix of the current commit series, the settings
     that ran there (a change to the estimates that moves one fails here: re-measure the matrix, docs/finetuning.md)."""
-    from pathlib import Path
-
-    rows = json.loads((Path(mm.ROOT) / "bench/results/memory_matrix_h100_f8f9167.json").read_text())["results"]
-    args = mm.main.__globals__["argparse"].Namespace(overrides=[], host_gib=240.0, torchao=False)
+    rows = json.loads((mm.ROOT / "bench/results/memory_matrix_h100_f8f9167.json").read_text())["results"]
+    args = argparse.Namespace(overrides=[], host_gib=240.0, torchao=False)
     checked = 0
     for r in rows:
         if r["commit"] != "f8f9167":
