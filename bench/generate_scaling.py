@@ -22,10 +22,8 @@ differ a little). NVLink multicast is off in the child environment, and exactly 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from scaling import NO_MULTICAST, child_env, rank_tail  # noqa: E402
+from scaling import NO_MULTICAST, child_env, rank_tail, run_logged  # noqa: E402
 from train_throughput import write_json  # noqa: E402
 
 STAGES = re.compile(r"text encode ([\d.]+)s, denoise ([\d.]+)s, decode ([\d.]+)s")
@@ -110,13 +108,12 @@ def run_layout(a, nprocs: int, extra: list[str], root: Path, i: int) -> dict:
                  "command": f"{shown} {launcher} " + shlex.join(cmd[3 if nprocs > 1 else 1:]).replace(str(root), "TMP")}
     print(f"[{i}] {row['command']}", flush=True)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=a.timeout,
-                       env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+    log = root / f"layout{i}.log"
+    rc = run_logged(cmd, {**env, "PYTHONUNBUFFERED": "1"}, log, a.timeout)
     row["wall_s"] = round(time.perf_counter() - t0, 1)
-    lines = (p.stdout + "\n" + p.stderr).replace("\r", "\n").splitlines()
-    (root / f"layout{i}.log").write_text("\n".join(lines))
-    if p.returncode != 0:
-        return {**row, "error": f"exit {p.returncode}", "log_tail": rank_tail(lines)}
+    lines = log.read_text(errors="replace").replace("\r", "\n").splitlines()
+    if rc != 0:
+        return {**row, "error": rc if isinstance(rc, str) else f"exit {rc}", "log_tail": rank_tail(lines)}
     try:
         row.update(parse_log(lines))
     except ValueError as e:
@@ -170,7 +167,9 @@ def main(argv=None) -> int:
     from recipe_throughput import environment
 
     command = "python bench/generate_scaling.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    result = {**environment("cpu", a.commit), "command": command, "ckpt": a.ckpt, "steps": a.steps,
+    env = environment("cpu", a.commit)  # the GPU's name after the runs: no CUDA context of ours beside them
+    env["device"] = "cpu" if a.device == "cpu" else "cuda (name read after the runs)"
+    result = {**env, "command": command, "ckpt": a.ckpt, "steps": a.steps,
               "prompts": a.prompts, "child_env": NO_MULTICAST}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="vfm-gen-scaling-") as tmp:
@@ -179,10 +178,7 @@ def main(argv=None) -> int:
         words = ["a red circle moving left", "a blue square moving up", "a green circle moving right slowly"]
         (root / "prompts.txt").write_text("\n".join(words[i % len(words)] for i in range(a.prompts)) + "\n")
         for i, (n, extra) in enumerate(layouts):
-            try:
-                rows.append(run_layout(a, n, extra, root, i))
-            except subprocess.TimeoutExpired:
-                rows.append({"nprocs": n, "args": extra, "error": f"timeout after {a.timeout} s"})
+            rows.append(run_layout(a, n, extra, root, i))
             compare(rows, root)
             write_json(a.out, result, rows)  # after every run: a later crash keeps what ran
             r = rows[-1]

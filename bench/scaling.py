@@ -93,6 +93,53 @@ def child_env(nprocs: int, device: str, cache_dir: Path | None) -> dict[str, str
     return env
 
 
+def run_logged(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, settle: float = 60.0) -> int | str:
+    """Run ``cmd`` in its own session with stdout and stderr in ``log_path``; its exit code, or ``"timeout after
+    T s"`` when the limit killed it. Every process of the session (torchrun and the ranks it started) is gone when
+    this returns, so the next run does not meet the GPU memory of the last one (a 7B run that started right after a
+    killed 14B one failed with CUDA out of memory at initialisation)."""
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                             env={**os.environ, **env})
+        try:
+            rc: int | str = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = f"timeout after {timeout} s"
+    wait_group_gone(p.pid, settle)
+    return rc
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that have not exited (zombies, which hold no GPU memory, left out)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def wait_group_gone(pgid: int, limit: float) -> bool:
+    """Kill what is left of process group ``pgid`` (ranks a failed torchrun left behind) and wait up to ``limit``
+    seconds until none of its processes is alive; whether none is."""
+    deadline = time.monotonic() + limit
+    while pids := live_members(pgid):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def rank_tail(lines: list[str], n: int = LOG_TAIL_LINES) -> list[str]:
     """The last ``n`` lines the ranks wrote, before torchrun's own failure report (its traceback and summary)."""
     cut = next((i for i in range(len(lines) - 1, -1, -1)
@@ -117,15 +164,7 @@ def run_n(a, nprocs: int, overrides: list[str], run_root: Path) -> dict:
     print(f"[N={nprocs}] {row['command']}", flush=True)
     log_path = run_root / f"{name}.log"
     t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                             env={**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"})
-        try:
-            rc = p.wait(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)  # torchrun and the ranks it started (their own session)
-            p.wait()
-            rc = f"timeout after {a.timeout} s"
+    rc = run_logged(cmd, {**extra_env, "PYTHONUNBUFFERED": "1"}, log_path, a.timeout)
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     lines = log_path.read_text(errors="replace").splitlines()
     row["step_log"] = [ln for ln in lines if ln.startswith("step ")][-3:]

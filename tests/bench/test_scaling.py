@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,30 @@ def test_outcome_keeps_the_intervals_logged_before_a_timeout(tmp_path):
     assert scaling.outcome("timeout after 9 s", perf, 3, [])["error"].endswith("all warm-up")
     assert scaling.outcome(1, perf, 1, ["Traceback"])["error"] == "exit 1"
     assert scaling.outcome(0, tmp_path / "none.jsonl", 1, [])["error"] == "no perf.jsonl"
+
+
+def test_a_killed_run_leaves_no_process_behind(tmp_path):
+    """A run past its limit is killed with everything it started (a torchrun's ranks, their workers), and
+    run_logged returns only when none is alive, so that the next run does not meet its GPU memory."""
+    log = tmp_path / "run.log"
+    cmd = ["sh", "-c", "echo group $$; sleep 60 & sleep 60 & echo started; wait"]
+    rc = scaling.run_logged(cmd, {}, log, timeout=1.0, settle=10.0)
+    assert rc == "timeout after 1.0 s"
+    text = log.read_text()
+    assert "started" in text
+    pgid = int(text.split()[1])
+    assert scaling.live_members(pgid) == []
+
+
+def test_group_members_are_found_and_killed():
+    p = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(scaling.live_members(p.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(scaling.live_members(p.pid)) == 3  # the shell and its two sleeps
+        assert scaling.wait_group_gone(p.pid, 10.0)
+        assert scaling.live_members(p.pid) == []
+    finally:
+        p.kill()
+        p.wait()
