@@ -126,22 +126,39 @@ def run_layout(a, nprocs: int, extra: list[str], root: Path, i: int) -> dict:
     return row
 
 
-def compare(rows: list[dict], root: Path) -> None:
-    """Speed-up and efficiency against the first successful one-process row; video difference to it."""
+def compare(rows: list[dict], root: Path, given: dict | None = None) -> None:
+    """Speed-up and efficiency against the first successful one-process row (or ``given``, such a row from an
+    earlier run of the same settings: ``--baseline``); the video difference to it where its video is here."""
     import numpy as np
 
-    base = next((r for r in rows if r["nprocs"] == 1 and "error" not in r), None)
+    base = given or next((r for r in rows if r["nprocs"] == 1 and "error" not in r), None)
     if base is None:
         return
-    ref = frames_of(root / base["video_dir"]).astype(np.float32)
+    ref = None if given else frames_of(root / base["video_dir"]).astype(np.float32)
     for r in rows:
         if "error" in r:
             continue
         for key, stage in (("denoise", "denoise_s"), ("batch", "batch_s")):
             r[f"{key}_speedup"] = round(base[stage] / r[stage], 3)
             r[f"{key}_efficiency"] = round(base[stage] / r[stage] / r["nprocs"], 3)
-        got = frames_of(root / r["video_dir"]).astype(np.float32)
-        r["video_mean_abs_diff"] = round(float(np.abs(got - ref).mean()), 3) if got.shape == ref.shape else None
+        if ref is not None:
+            got = frames_of(root / r["video_dir"]).astype(np.float32)
+            r["video_mean_abs_diff"] = round(float(np.abs(got - ref).mean()), 3) if got.shape == ref.shape else None
+
+
+def baseline_row(path: str, ckpt: str, steps: int, gen_args: str) -> dict:
+    """The one-process row of an earlier ``generate_scaling`` JSON, refused unless it ran the same settings."""
+    import json
+
+    d = json.loads(Path(path).read_text())
+    row = next((r for r in d.get("results", []) if r.get("nprocs") == 1 and "error" not in r), None)
+    if row is None:
+        raise ValueError(f"--baseline {path} has no successful one-process row")
+    if (d.get("ckpt"), d.get("steps"), d.get("gen_args", "")) != (ckpt, steps, gen_args):
+        raise ValueError(f"--baseline {path} ran --ckpt {d.get('ckpt')} --steps {d.get('steps')} --gen-args "
+                         f"{d.get('gen_args', '')!r}; this run: --ckpt {ckpt} --steps {steps} --gen-args {gen_args!r}; "
+                         "compare like with like")
+    return {**row, "from": path}
 
 
 def main(argv=None) -> int:
@@ -155,6 +172,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", help="cuda or cpu")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--keep", help="keep videos and logs under this folder (default: a temporary one)")
+    p.add_argument("--baseline", help="an earlier JSON of this script whose one-process row is the reference "
+                   "(the one-GPU run in a call of its own)")
     p.add_argument("--commit")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -164,13 +183,18 @@ def main(argv=None) -> int:
         p.error(str(e))
     if a.no_cfg:
         a.gen_args += " --guidance 1"
+    try:
+        given = baseline_row(a.baseline, a.ckpt, a.steps, a.gen_args) if a.baseline else None
+    except (OSError, ValueError) as e:
+        p.error(str(e))
     from recipe_throughput import environment
 
     command = "python bench/generate_scaling.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     env = environment("cpu", a.commit)  # the GPU's name after the runs: no CUDA context of ours beside them
     env["device"] = "cpu" if a.device == "cpu" else "cuda (name read after the runs)"
     result = {**env, "command": command, "ckpt": a.ckpt, "steps": a.steps,
-              "prompts": a.prompts, "child_env": NO_MULTICAST}
+              "prompts": a.prompts, "gen_args": a.gen_args, "child_env": NO_MULTICAST,
+              "baseline": given and {k: given[k] for k in ("from", "command", "denoise_s", "batch_s")}}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="vfm-gen-scaling-") as tmp:
         root = Path(a.keep or tmp).resolve()
@@ -179,7 +203,7 @@ def main(argv=None) -> int:
         (root / "prompts.txt").write_text("\n".join(words[i % len(words)] for i in range(a.prompts)) + "\n")
         for i, (n, extra) in enumerate(layouts):
             rows.append(run_layout(a, n, extra, root, i))
-            compare(rows, root)
+            compare(rows, root, given)
             write_json(a.out, result, rows)  # after every run: a later crash keeps what ran
             r = rows[-1]
             print(f"[{i}] " + (f"FAILED {r['error']}: {' | '.join(r.get('log_tail', [])[-2:])[-300:]}" if "error" in r

@@ -60,3 +60,21 @@ def test_layout_parsing(text, want):
 def test_bad_layout_is_refused(text):
     with pytest.raises(ValueError, match="layout"):
         gs.parse_layout(text)
+
+
+def test_a_one_gpu_run_from_an_earlier_call_is_the_baseline(folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    common = ["--ckpt", str(folder), "--device", "cpu", "--steps", "1", "--prompts", "1", "--gen-args", SIZE]
+    assert gs.main([*common, "--layout", "1", "--out", str(tmp_path / "one.json")]) == 0
+    one = json.loads((tmp_path / "one.json").read_text())["results"][0]
+    out = tmp_path / "cp.json"
+    assert gs.main([*common, "--layout", "2:--cp 2", "--baseline", str(tmp_path / "one.json"), "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (two,) = d["results"]
+    assert d["baseline"]["denoise_s"] == one["denoise_s"] and d["baseline"]["from"].endswith("one.json")
+    assert two["denoise_speedup"] == pytest.approx(one["denoise_s"] / two["denoise_s"], abs=2e-3)
+    assert "video_mean_abs_diff" not in two  # the baseline's video is not here
+    with pytest.raises(SystemExit):  # other settings than the baseline's: refused before anything runs
+        gs.main([*common[:-4], "--steps", "2", "--prompts", "1", "--gen-args", SIZE, "--layout", "2:--cp 2",
+                 "--baseline", str(tmp_path / "one.json"), "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
