@@ -3,9 +3,9 @@ several N on one host, read from each run's ``perf.jsonl``.
 
     # weak scaling (the recipe's per-GPU batch at every N), 2 GPUs
     python bench/scaling.py --factory pretrain_xl --nprocs 1,2 --out bench/results/scaling_xl_2h100.json
-    # a layout that needs 2 GPUs: the one-GPU baseline drops TP (overrides for one N only with --set-at)
+    # a layout that needs 2 GPUs (TP2) against the one-GPU run without it (overrides for one N only with --set-at)
     python bench/scaling.py --factory pretrain_7b --nprocs 1,2 --set model.num_layers=4 \\
-        --set-at 1:trainer.strategy.tensor_model_parallel_size=1 --set-at 1:trainer.strategy.sequence_parallel=false \\
+        --set-at 2:trainer.strategy.tensor_model_parallel_size=2 --set-at 2:trainer.strategy.sequence_parallel=true \\
         --out bench/results/scaling_7b4l_2h100.json
     # strong scaling: the global batch held at 16 samples (data.batch_size = 16 / data-parallel ranks)
     python bench/scaling.py --factory pretrain_xl --nprocs 1,2 --global-batch 16 --out r.json

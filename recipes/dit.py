@@ -139,11 +139,10 @@ def pretrain_xl() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
-    TP2 + SP + FSDP over the ranks TP leaves (none on 2 GPUs: FSDP is then off) with selective activation
-    checkpointing (``parallel.layout_7b``). On 4 or more 80 GB GPUs,
-    FSDP alone is faster: ``trainer.strategy.tensor_model_parallel_size=1 trainer.strategy.sequence_parallel=false``
-    ran at 39.9% MFU on 4 H100s against 29-31% for TP2 on 4 H200s (docs/benchmarks.md section 7); on 2 its state
-    would not fit (by count: ~59 GiB of weights, gradients and AdamW state per GPU, ~15 more for the EMA).
+    FSDP over every GPU with selective activation checkpointing, no TP (``parallel.layout_7b``): 40.2% MFU on 4
+    H100s, against 29-31% for the paper's TP2 + SP on 4 H200s (docs/benchmarks.md section 7). Needs 4 or more GPUs of
+    80 GB: weights, gradients, AdamW state and EMA take 20 bytes a parameter, sharded over the GPUs in any layout.
+    The paper's layout: ``trainer.strategy.tensor_model_parallel_size=2 trainer.strategy.sequence_parallel=true``.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``
     Python: ``recipe = dit.pretrain_7b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
@@ -172,9 +171,9 @@ def pretrain_xl_sparse() -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain_7b_sparse() -> run.Partial:
-    """``pretrain_7b`` (TP2 + SP + FSDP, 8,192 tokens) with sliding tile attention: tiles of 4 x 8 x 4 latent tokens,
-    3 x 3 x 3 tiles around each query tile (28% of the tile pairs). Sequence parallelism gathers the tokens before
-    attention, so the pattern applies per TP rank's heads. Blocks 0 and 14 of 28 keep dense attention (as
+    """``pretrain_7b`` (FSDP, 8,192 tokens) with sliding tile attention: tiles of 4 x 8 x 4 latent tokens, 3 x 3 x 3
+    tiles around each query tile (28% of the tile pairs). Under TP + SP, sequence parallelism gathers the tokens
+    before attention, so the pattern applies per TP rank's heads. Blocks 0 and 14 of 28 keep dense attention (as
     ``pretrain_xl_sparse``). GPU speed not measured yet.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b_sparse --yes``
     Python: ``recipe = finetune.with_sparse_attention(dit.pretrain_7b())``

@@ -117,15 +117,23 @@ def with_float8(recipe: run.Partial, scaling: str = "tensorwise", modules: str =
 
 
 # -- default layouts (per 8-GPU node; the leftover ranks become FSDP data parallel) ------------------
-def layout_7b(recipe: run.Partial, context: str = "8k") -> run.Partial:
-    """DiT-7B: TP2 + SP with FSDP at 8k tokens (the paper's 519 TFLOP/s setting); at 74k tokens add CP4
-    (TP2 SP CP4, 439 TFLOP/s in the paper) with all-to-all CP and compiled blocks (measured faster than ring
-    and than eager at 74k: docs/parallelism.md). Selective activation checkpointing keeps 80 GB GPUs safe."""
-    recipe = with_fsdp(with_tp(recipe, 2), activation_checkpointing="selective")
+def layout_7b(recipe: run.Partial, context: str = "8k", tp: int | None = None) -> run.Partial:
+    """DiT-7B on 80 GB GPUs with selective activation checkpointing. At 8k tokens FSDP over every GPU, no TP
+    (``tp`` default 1): 40.2% and 39.9% MFU on two 4 x H100 hosts, against 29.0-30.9% for the paper's TP2 + SP +
+    FSDP on 4 x H200 (docs/benchmarks.md section 7); at this width TP's collectives sit between the GEMMs and cost
+    about what TP divides. Either layout shards the weights, gradients, AdamW state and EMA (20 bytes a parameter)
+    over every GPU, so 4 GPUs of 80 GB are the fewest (64.9 GiB measured at 4; at 2, ~74 GiB of state alone).
+    At 74k tokens TP2 + SP + CP4 (``tp`` default 2: sequence parallel halves the activations) with all-to-all CP
+    and compiled blocks (measured faster than ring and than eager at 74k: docs/parallelism.md). ``tp=2`` at 8k is
+    the paper's layout (NeMo's 519 TFLOP/s setting)."""
+    if context not in ("8k", "74k"):
+        raise ValueError(f"layout_7b context must be '8k' or '74k', got {context!r}")
+    tp = tp if tp is not None else (2 if context == "74k" else 1)
+    if tp not in (1, 2, 4, 8):
+        raise ValueError(f"layout_7b tp must be 1, 2, 4 or 8 (32 heads, one node), got {tp!r}")
+    recipe = with_fsdp(with_tp(recipe, tp), activation_checkpointing="selective")
     if context == "74k":
         recipe = with_compile(with_cp(recipe, 4, kind="a2a"))
-    elif context != "8k":
-        raise ValueError(f"layout_7b context must be '8k' or '74k', got {context!r}")
     return recipe
 
 

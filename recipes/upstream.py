@@ -132,7 +132,8 @@ def pretrain_7b_pack() -> run.Partial:
 
 @run.cli.factory(target=train)
 def pretrain_7b_256p_joint() -> run.Partial:
-    """DiT-7B, joint image/video at 8,192 tokens (256 px), lr 6e-5, TP2 SP; ``init_from`` a previous stage."""
+    """DiT-7B, joint image/video at 8,192 tokens (256 px), lr 6e-5, ``pretrain_7b``'s layout (FSDP, no TP);
+    ``init_from`` a previous stage."""
     recipe = dit.pretrain_7b()
     recipe.data = dit.mock_data(batch_size=1, **JOINT_8K)
     recipe.optim.lr = 6e-5

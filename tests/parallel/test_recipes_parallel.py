@@ -25,6 +25,14 @@ def test_fiddlers_compose_and_build():
 def test_default_layouts():
     from nemo_vfm_recipes import dit, parallel
 
+    s8k = dit.pretrain_7b().trainer.strategy  # 8k: FSDP over every GPU, no TP (measured faster, layout_7b)
+    assert (s8k.tensor_model_parallel_size, s8k.sequence_parallel, s8k.fsdp) == (1, False, True)
+    assert s8k.activation_checkpointing == "selective"
+    paper = parallel.layout_7b(dit.pretrain_7b(), tp=2).trainer.strategy
+    assert (paper.tensor_model_parallel_size, paper.sequence_parallel, paper.fsdp) == (2, True, True)
+    for bad in (dict(context="16k"), dict(tp=3)):
+        with pytest.raises(ValueError, match="layout_7b"):
+            parallel.layout_7b(dit.pretrain_7b(), **bad)
     r7 = parallel.layout_7b(dit.pretrain_7b(), context="74k")
     s7 = r7.trainer.strategy
     assert (s7.tensor_model_parallel_size, s7.context_parallel_size, s7.context_parallel_kind) == (2, 4, "a2a")
