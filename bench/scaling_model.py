@@ -23,6 +23,8 @@ Per GPU and step, with COLL(op, bytes, n) = bytes x busfactor(op, n) / busbw (nc
   compute    T1 / (TP CP PP) x (1 + (PP-1)/microbatches) x (1 + recompute)
   FSDP       AG(P/(TP PP) x 2 B) x (2 if resharding after forward else 1) + RS(P/(TP PP) x 4 B): fp32 reduce
   DDP        AR(P/(TP PP) x 4 B)
+  HSDP       FSDP's terms within a node's data-parallel ranks (the shard group, min(DP, gpus_per_node / (TP CP)))
+             + AR(P/(TP PP shard) x 4 B) across the DP / shard replicas
              data-parallel traffic is hidden behind compute up to ``--overlap``: exposed = max((1-o) t, t - compute)
   TP         L x 4 x AR(B S/CP D x 2 B) (2 forward, 2 backward per block); under SP AG + RS instead of each AR
              (same bus bytes); on the critical path (not overlapped)
@@ -72,7 +74,7 @@ class Layout:
     cp: int = 1
     pp: int = 1
     microbatches: int = 1
-    dp_mode: str = "fsdp"  # "fsdp" | "ddp"
+    dp_mode: str = "fsdp"  # "fsdp" | "ddp" | "hsdp" (shard within a node, replicate across)
     reshard: bool = True
     overlap: float = 0.8
     recompute: float = 0.0  # extra compute for activation checkpointing, as a fraction of T1
@@ -123,9 +125,13 @@ def predict(w: Workload, lay: Layout, n: int, bw: Bandwidth) -> dict:
     dp = n // mp
     compute = w.step_s / mp * (1 + (lay.pp - 1) / lay.microbatches) * (1 + lay.recompute)
     p_local, dp_stride = w.params / (lay.tp * lay.pp), lay.tp * lay.cp
-    if lay.dp_mode == "fsdp":
-        t_dp = (2 if lay.reshard else 1) * bw.time("all_gather", p_local * 2, dp, dp_stride) \
-            + bw.time("reduce_scatter", p_local * 4, dp, dp_stride)
+    if lay.dp_mode in ("fsdp", "hsdp"):
+        shard = dp if lay.dp_mode == "fsdp" else min(dp, max(1, bw.gpus_per_node // (lay.tp * lay.cp)))
+        if dp % shard:
+            raise ValueError(f"{dp} data-parallel ranks do not split into shard groups of {shard} (one node's)")
+        t_dp = (2 if lay.reshard else 1) * bw.time("all_gather", p_local * 2, shard, dp_stride) \
+            + bw.time("reduce_scatter", p_local * 4, shard, dp_stride) \
+            + bw.time("all_reduce", p_local / shard * 4, dp // shard, dp_stride * shard)
     else:
         t_dp = bw.time("all_reduce", p_local * 4, dp, dp_stride)
     exposed_dp = max((1 - lay.overlap) * t_dp, t_dp - compute)
@@ -214,7 +220,7 @@ def main(argv=None) -> int:
     for knob in ("tp", "cp", "pp", "microbatches"):
         p.add_argument(f"--{knob}", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallel with TP")
-    p.add_argument("--dp", dest="dp_mode", default="fsdp", choices=("fsdp", "ddp"))
+    p.add_argument("--dp", dest="dp_mode", default="fsdp", choices=("fsdp", "ddp", "hsdp"))
     p.add_argument("--no-reshard", dest="reshard", action="store_false", help="FSDP keeps params gathered")
     p.add_argument("--overlap", type=float, default=0.8, help="fraction of data-parallel traffic hidden by compute")
     p.add_argument("--recompute", type=float, default=0.0, help="activation checkpointing's extra compute / T1")

@@ -111,6 +111,18 @@ def test_scaling_model_hand_computed():
         sm.predict(W, sm.Layout(tp=4), 2, bw)
 
 
+def test_hsdp_shards_within_a_node_and_all_reduces_across():
+    bw = sm.Bandwidth(flat=100.0, inter=50.0, gpus_per_node=8)
+    fsdp = sm.predict(W, sm.Layout(overlap=0.8), 16, bw)  # one shard group over 2 nodes: all at 50 GB/s
+    assert fsdp["dp_comm_s"] == pytest.approx(2 * 2e9 * 15 / 16 / 50e9 + 4e9 * 15 / 16 / 50e9)
+    hsdp = sm.predict(W, sm.Layout(dp_mode="hsdp", overlap=0.8), 16, bw)  # 8 within a node, 2 replicas across
+    assert hsdp["dp_comm_s"] == pytest.approx(2 * 2e9 * 7 / 8 / 100e9 + 4e9 * 7 / 8 / 100e9 + 4e9 / 8 / 50e9)
+    assert sm.predict(W, sm.Layout(dp_mode="hsdp"), 8, bw)["dp_comm_s"] == pytest.approx(
+        sm.predict(W, sm.Layout(), 8, bw)["dp_comm_s"])  # within one node HSDP is FSDP
+    with pytest.raises(ValueError, match="shard groups"):
+        sm.predict(W, sm.Layout(dp_mode="hsdp"), 12, bw)
+
+
 def test_a_baseline_of_fewer_layers_is_scaled_by_flops(tmp_path, capsys):
     import dataclasses
 
