@@ -42,11 +42,12 @@ class AllToAllDispatcher:
         counts_E = counts_E.to(torch.long)
         recv = torch.empty_like(counts_E)
         dist.all_to_all_single(recv, counts_E, group=self.group)  # recv[r * e_local + j]: rows from rank r, expert j
-        in_splits = counts_E.view(self.ep, e_local).sum(1).tolist()
         recv_re = recv.view(self.ep, e_local)
-        out_splits = recv_re.sum(1).tolist()
+        # the split sizes in one host read (the only host sync of the exchange)
+        in_splits, out_splits = torch.stack([counts_E.view(self.ep, e_local).sum(1), recv_re.sum(1)]).tolist()
         x_recv = _all_to_all(x_AD, out_splits, in_splits, self.group)  # ordered (source rank, local expert)
-        local_e = torch.arange(e_local, device=x_AD.device).repeat(self.ep).repeat_interleave(recv.to(x_AD.device))
+        local_e = torch.arange(e_local, device=x_AD.device).repeat(self.ep).repeat_interleave(
+            recv.to(x_AD.device), output_size=sum(out_splits))
         order = torch.argsort(local_e, stable=True)  # (local expert, source rank)
         y_sorted = experts(x_recv[order], recv_re.sum(0))
         y_recv = torch.empty_like(y_sorted).index_copy(0, order, y_sorted)
