@@ -128,16 +128,16 @@ def run_layout(a, nprocs: int, extra: list[str], root: Path, i: int) -> dict:
 
 def compare(rows: list[dict], root: Path, given: dict | None = None) -> None:
     """Speed-up and efficiency against the first successful one-process row (or ``given``, such a row from an
-    earlier run of the same settings: ``--baseline``); the video difference to it where its video is here."""
+    earlier run of the same settings: ``--baseline``); the video difference to it where its video is here. Rows
+    compared already are left alone (each video is read once per call, not once per earlier row)."""
     import numpy as np
 
     base = given or next((r for r in rows if r["nprocs"] == 1 and "error" not in r), None)
-    if base is None:
+    pending = [r for r in rows if "error" not in r and "denoise_speedup" not in r]
+    if base is None or not pending:
         return
     ref = None if given else frames_of(root / base["video_dir"]).astype(np.float32)
-    for r in rows:
-        if "error" in r:
-            continue
+    for r in pending:
         for key, stage in (("denoise", "denoise_s"), ("batch", "batch_s")):
             r[f"{key}_speedup"] = round(base[stage] / r[stage], 3)
             r[f"{key}_efficiency"] = round(base[stage] / r[stage] / r["nprocs"], 3)

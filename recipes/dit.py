@@ -141,7 +141,8 @@ def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
     FSDP over every GPU with selective activation checkpointing, no TP (``parallel.layout_7b``): 40.2% MFU on 4
     H100s, against 29-31% for the paper's TP2 + SP on 4 H200s (docs/benchmarks.md section 7). Needs 4 or more GPUs of
-    80 GB: weights, gradients, AdamW state and EMA take 20 bytes a parameter, sharded over the GPUs in any layout.
+    80 GB (by count, not run on 2: weights, gradients, AdamW state and EMA take 20 bytes a parameter, sharded over
+    the GPUs in any layout).
     The paper's layout: ``trainer.strategy.tensor_model_parallel_size=2 trainer.strategy.sequence_parallel=true``.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``
     Python: ``recipe = dit.pretrain_7b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``

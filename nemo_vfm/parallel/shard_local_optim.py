@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from nemo_vfm.parallel.grads import local_shard as local
+from nemo_vfm.parallel.grads import local_shard
 
 
 def _local_grad(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
         g = g.redistribute(p.device_mesh, p.placements)
-    return local(g)
+    return local_shard(g)
 
 
 class ShardLocalAdamW(torch.optim.AdamW):
@@ -47,9 +47,9 @@ class ShardLocalAdamW(torch.optim.AdamW):
             if not params:
                 continue
             beta1, beta2 = group["betas"]
-            adam([local(p) for p in params], [_local_grad(p, g) for p, g in zip(params, grads)],
-                 [local(t) for t in exp_avgs], [local(t) for t in exp_avg_sqs],
-                 [local(t) for t in max_exp_avg_sqs], steps,
+            adam([local_shard(p) for p in params], [_local_grad(p, g) for p, g in zip(params, grads)],
+                 [local_shard(t) for t in exp_avgs], [local_shard(t) for t in exp_avg_sqs],
+                 [local_shard(t) for t in max_exp_avg_sqs], steps,
                  amsgrad=group["amsgrad"], has_complex=has_complex, beta1=beta1, beta2=beta2, lr=group["lr"],
                  weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
                  foreach=group["foreach"], capturable=group["capturable"], differentiable=group["differentiable"],
@@ -70,7 +70,7 @@ def lerp_local_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight
                 t.device_mesh != s.device_mesh or tuple(t.placements) != tuple(s.placements))):
             raise ValueError(f"lerp_local_: pair {i} is laid out differently ({_layout(t)} and {_layout(s)}); "
                              "lay the EMA copy out like the network it follows")
-        lt, ls = local(t), local(s)
+        lt, ls = local_shard(t), local_shard(s)
         ts, ss = groups.setdefault((lt.device, lt.dtype, ls.dtype), ([], []))
         ts.append(lt)
         ss.append(ls)

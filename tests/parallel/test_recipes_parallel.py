@@ -3,6 +3,8 @@
 import fiddle as fdl
 import pytest
 
+from nemo_vfm.parallel.dims import ParallelDims
+
 run = pytest.importorskip("nemo_run")
 
 
@@ -30,9 +32,11 @@ def test_default_layouts():
     assert s8k.activation_checkpointing == "selective"
     paper = parallel.layout_7b(dit.pretrain_7b(), tp=2).trainer.strategy
     assert (paper.tensor_model_parallel_size, paper.sequence_parallel, paper.fsdp) == (2, True, True)
-    for bad in (dict(context="16k"), dict(tp=3)):
-        with pytest.raises(ValueError, match="layout_7b"):
-            parallel.layout_7b(dit.pretrain_7b(), **bad)
+    with pytest.raises(ValueError, match="layout_7b"):
+        parallel.layout_7b(dit.pretrain_7b(), context="16k")
+    s3 = parallel.layout_7b(dit.pretrain_7b(), tp=3).trainer.strategy  # refused where every layout is checked
+    with pytest.raises(ValueError, match="not divisible by tensor parallel size tp=3"):
+        ParallelDims(world_size=6, tp=s3.tensor_model_parallel_size).check_model(num_heads=32, num_layers=28)
     r7 = parallel.layout_7b(dit.pretrain_7b(), context="74k")
     s7 = r7.trainer.strategy
     assert (s7.tensor_model_parallel_size, s7.context_parallel_size, s7.context_parallel_kind) == (2, 4, "a2a")
