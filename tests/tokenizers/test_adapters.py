@@ -110,3 +110,20 @@ def test_cosmos_jit_folder(tmp_path):
     with pytest.raises(ValueError, match="pass temporal_compression"):
         build_tokenizer("cosmos_jit", path=str(other))
     assert build_tokenizer("cosmos_jit", path=str(other), temporal_compression=4, spatial_compression=8).latent_channels == 6
+
+
+def test_vae_runs_under_the_dit_attention_flags(tmp_path):
+    """The Wan VAE's mid-block attention runs under the SDPA flags the DiT narrowed (none left on CPU): its
+    wrapper's encode/decode enable every kernel, with the same result."""
+    from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
+
+    torch.manual_seed(0)
+    TINY["wan"]().save_pretrained(tmp_path / "vae")
+    tok = build_tokenizer("wan", path=str(tmp_path))
+    x = torch.rand(1, 3, 5, 16, 16) * 2 - 1
+    ref = tok.decode(tok.encode(x))
+    select_sdpa_backend("cudnn")
+    try:
+        assert torch.equal(tok.decode(tok.encode(x)), ref)
+    finally:
+        select_sdpa_backend("default")

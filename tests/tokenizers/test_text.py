@@ -76,3 +76,29 @@ def test_missing_tokenizer_is_reported(tmp_path):
     transformers.T5EncoderModel(cfg).save_pretrained(str(tmp_path / "m"))
     with pytest.raises(FileNotFoundError, match="tokenizer_path"):
         build_text_encoder("t5", path=str(tmp_path / "m"))
+
+
+@pytest.fixture
+def dit_attention_flags():
+    """The process-wide SDPA flags training and `vfm generate` set for the DiT on CUDA (cuDNN + efficient only)."""
+    from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
+
+    select_sdpa_backend("cudnn")
+    yield
+    select_sdpa_backend("default")
+
+
+def test_encoder_runs_under_the_dit_attention_flags(model_dir, dit_attention_flags):
+    """UMT5's float position bias fits none of the DiT's kernels (on CPU, none at all): the encoder's own call
+    enables every kernel, so prompts still encode, to the same embeddings."""
+    variant, root = model_dir
+    enc = build_text_encoder(variant, path=str(root))
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="No viable backend"):  # the flags are narrowed in this test
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    emb, mask = enc.encode(["a red circle"])
+    from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
+
+    select_sdpa_backend("default")
+    ref, _ = enc.encode(["a red circle"])
+    assert torch.equal(emb, ref) and mask.sum() == 4
