@@ -12,7 +12,8 @@ The first ``--skip`` log intervals (compilation, warm-up) are dropped; the media
 
 ``--profile`` instead runs each case in this process (the same objects ``launchers/train.py`` builds from the
 factory, with simple ``key=value`` overrides) under ``torch.profiler`` for a few steps after warm-up, and
-reports wall time vs GPU busy time per step (the gap is host overhead the GPU waits for), the top GPU
+reports wall time vs GPU busy time per step (the gap is host overhead the GPU waits for), how much of the
+communication compute hid (``bench/trace_overlap.py``: exposed and overlapped NCCL time, per kernel), the top GPU
 kernels and the top host operations.
 
 ``--reference`` cases also time ``bench/train_throughput.py``'s bare step (no Lightning, no data loader)
@@ -216,6 +217,13 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
                 gpu.sort(key=lambda r: -r[1])
                 cpu.sort(key=lambda r: -r[1])
                 busy = sum(r[1] for r in gpu)
+                if torch.cuda.is_available():  # communication hidden behind compute or not (bench/trace_overlap.py)
+                    from trace_overlap import kernels_from_trace, overlap_summary
+
+                    trace = Path(tmp) / "trace.json"
+                    self.prof.export_chrome_trace(str(trace))
+                    result["overlap"] = overlap_summary(kernels_from_trace(trace), steps)
+                    trace.unlink()
                 result.update({"wall_ms_per_step": wall * 1e3, "gpu_busy_ms_per_step": busy,
                                "top_gpu": [{"name": n[:100], "ms": round(ms, 3), "calls": c} for n, ms, c in gpu[:25]],
                                "top_cpu": [{"name": n[:100], "ms": round(ms, 3), "calls": c} for n, ms, c in cpu[:25]]})
@@ -281,6 +289,10 @@ def main(argv=None) -> int:
             results.append(r)
             print(f"\n{r['name']}: wall {r.get('wall_ms_per_step', 0):.1f} ms/step, GPU busy "
                   f"{r.get('gpu_busy_ms_per_step', 0):.1f} ms/step")
+            if "overlap" in r:
+                from trace_overlap import format_summary
+
+                print(format_summary(r["overlap"]))
             for stack, n in r.get("host_syncs_in_2_steps", {}).items():
                 print(f"  host sync x{n} at:\n{stack}")
             for k in ("top_gpu", "top_cpu"):
