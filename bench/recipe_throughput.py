@@ -218,7 +218,7 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
                 cpu.sort(key=lambda r: -r[1])
                 busy = sum(r[1] for r in gpu)
                 if torch.cuda.is_available():  # communication hidden behind compute or not (bench/trace_overlap.py)
-                    from trace_overlap import kernels_from_trace, overlap_summary
+                    from nemo_vfm.lightning.profiler import kernels_from_trace, overlap_summary
 
                     trace = Path(tmp) / "trace.json"
                     self.prof.export_chrome_trace(str(trace))
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
             print(f"\n{r['name']}: wall {r.get('wall_ms_per_step', 0):.1f} ms/step, GPU busy "
                   f"{r.get('gpu_busy_ms_per_step', 0):.1f} ms/step")
             if "overlap" in r:
-                from trace_overlap import format_summary
+                from nemo_vfm.lightning.profiler import format_summary
 
                 print(format_summary(r["overlap"]))
             for stack, n in r.get("host_syncs_in_2_steps", {}).items():

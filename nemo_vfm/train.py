@@ -11,6 +11,7 @@ last complete checkpoint when one exists, trains, and writes preview samples.
         tb/                  TensorBoard logs
         metrics.jsonl        per-step training metrics; loss_curve.png at the end
         perf.jsonl           throughput per log step (samples/s, tokens/s, TFLOP/s, MFU, peak memory)
+        profile/             with trainer.profile_steps: per-rank traces and where the step's time goes
         samples/             step=N.mp4 / .gif / .txt previews
 """
 
@@ -48,6 +49,7 @@ class TrainerConfig:
     nonfinite_max_consecutive: int = 10  # with "skip": stop after this many bad steps in a row
     enable_progress_bar: bool = True
     gc_every_n_steps: int | None = 100  # Python GC at these steps only (ScheduledGC); None: automatic GC
+    profile_steps: tuple[int, int] | None = None  # [A, B]: torch.profiler over steps A+1..B (lightning/profiler.py)
     callbacks: list = field(default_factory=list)
     # GiB per GPU: set the memory knobs left at their defaults to the fastest estimate that fits
     # (nemo_vfm.lightning.memory_budget; docs/finetuning.md "Memory budget"); None: leave them as they are
@@ -70,6 +72,8 @@ class TrainerConfig:
         if self.gc_every_n_steps is not None and self.gc_every_n_steps < 1:
             raise ValueError(f"TrainerConfig.gc_every_n_steps must be >= 1 or None (automatic GC), "
                              f"got {self.gc_every_n_steps}")
+        if self.profile_steps is not None and not (len(self.profile_steps) == 2 and 0 <= self.profile_steps[0] < self.profile_steps[1]):
+            raise ValueError(f"TrainerConfig.profile_steps must be [A, B] with 0 <= A < B, got {self.profile_steps}")
         if self.nonfinite_max_consecutive < 1:
             raise ValueError(f"TrainerConfig.nonfinite_max_consecutive must be >= 1, got {self.nonfinite_max_consecutive}")
 
@@ -134,26 +138,6 @@ def _check_pretrained(model) -> None:
                                 "weights folder (diffusers or original layout)")
 
 
-def _write_class_samples(model, objective, data, init_from, sampling) -> None:
-    """DreamBooth prior preservation: the base model (``init_from``) draws the missing class videos."""
-    if init_from is None and not getattr(model, "pretrained", None):
-        raise ValueError("prior preservation draws class samples from the base model: set init_from (or "
-                         f"model.pretrained), or fill data.class_data={data.class_data} with class videos yourself")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(f"data.class_data={data.class_data} lacks {data.missing_class_samples} class videos; draw them "
-                         "in one process first (the same command without torchrun), then launch the distributed run")
-    from nemo_vfm.inference.checkpoint import load_pretrained
-    from nemo_vfm.inference.class_samples import write_class_samples
-
-    net = model.build()  # a config with `pretrained` (Wan) loads its weights here
-    if init_from is not None:
-        load_pretrained(net, init_from)
-    n = data.missing_class_samples
-    print(f"prior preservation: drawing {n} videos of {data.class_prompt!r} from the base model")
-    write_class_samples(net, objective, data, n, sampling)
-    del net
-
-
 def _devices(devices, rank: int):
     """Processes per node: what the launcher started (torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node),
     else one. ``devices="auto"`` never spawns processes by itself on a multi-GPU host (Lightning would start one
@@ -213,7 +197,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
                                     "cond_dropout": cond_dropout, "seed": seed, "init_from": init_from, "lora": lora})
         L.seed_everything(seed, workers=True, verbose=False)
         if data.missing_class_samples and resume is None:
-            _write_class_samples(model, objective, data, init_from, sampling)
+            from nemo_vfm.inference.class_samples import draw_missing_class_samples
+
+            draw_missing_class_samples(model, objective, data, init_from, sampling)
         module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
                                  lora=lora)
         module.base_from_init = init_from is not None  # a LoRA base from init_from is saved (lora_checkpoint.py)
@@ -313,6 +299,10 @@ def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling,
         callbacks.append(ScheduledGC(t.gc_every_n_steps))
     if t.enable_progress_bar:  # refreshed at log steps only: each refresh reads the loss (a host sync)
         callbacks.append(StepProgressBar(refresh_rate=t.log_every_n_steps))
+    if t.profile_steps:
+        from nemo_vfm.lightning.profiler import StepProfiler
+
+        callbacks.append(StepProfiler(*t.profile_steps, exp_dir / "profile"))
     samples, previews = None, sampling.enabled and data.tokenizer_spec is not None  # no encoders: no previews
     if previews and getattr(t.strategy, "pipeline_parallel", False):
         warnings.warn("sampling previews are skipped under pipeline parallelism (no rank holds the whole network); "

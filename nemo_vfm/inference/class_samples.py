@@ -7,6 +7,7 @@ than ``num_class_samples`` videos in its ``class_data`` folder; the network is t
 ``init_from``, before any fine-tuning.
 """
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,3 +38,22 @@ def write_class_samples(net, objective, data, n: int, sampling, batch: int = 8, 
             written.append(write_video(out_dir / f"class_{start + i + j:05d}.mp4", tensor_to_frames(v),
                                        fps=data.fps or 8.0))
     return written
+
+
+def draw_missing_class_samples(model, objective, data, init_from, sampling) -> None:
+    """DreamBooth prior preservation: the base model (``init_from``) draws the missing class videos."""
+    if init_from is None and not getattr(model, "pretrained", None):
+        raise ValueError("prior preservation draws class samples from the base model: set init_from (or "
+                         f"model.pretrained), or fill data.class_data={data.class_data} with class videos yourself")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"data.class_data={data.class_data} lacks {data.missing_class_samples} class videos; draw them "
+                         "in one process first (the same command without torchrun), then launch the distributed run")
+    from nemo_vfm.inference.checkpoint import load_pretrained
+
+    net = model.build()  # a config with `pretrained` (Wan) loads its weights here
+    if init_from is not None:
+        load_pretrained(net, init_from)
+    n = data.missing_class_samples
+    print(f"prior preservation: drawing {n} videos of {data.class_prompt!r} from the base model")
+    write_class_samples(net, objective, data, n, sampling)
+    del net

@@ -1,54 +1,16 @@
-"""bench/trace_overlap.py: exposed vs overlapped communication from hand-built kernel timelines."""
+"""bench/trace_overlap.py: the summary of a chrome trace on the command line."""
 
 import json
 
-import pytest
-from trace_overlap import kernels_from_trace, main, merge, overlap_summary
-
-GEMM, AG, RS = "sm90_xmma_gemm_bf16", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs)", "ncclDevKernel_ReduceScatter"
+from trace_overlap import main
 
 
-def test_merge_joins_overlapping_and_touching_intervals():
-    assert merge([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
-
-
-def test_hidden_partial_and_lone_collectives():
-    # us: compute 0-100 and 150-200 (two streams overlap 40-60); all-gather 20-60 hidden; reduce-scatter 90-160:
-    # 10 us under the first GEMM, 50 alone, 10 under the second; nothing runs 100-... except RS until 160
-    kernels = [(GEMM, 0, 100), (GEMM, 40, 60), (GEMM, 150, 200), (AG, 20, 60), (RS, 90, 160), (AG, 210, 230)]
-    s = overlap_summary(kernels)
-    assert s["window_ms"] == pytest.approx(0.230)
-    assert s["compute_ms"] == pytest.approx(0.150)
-    assert s["comm_ms"] == pytest.approx(0.130)  # 40 + 70 + 20
-    assert s["comm_exposed_ms"] == pytest.approx(0.070)  # 50 of RS + 20 of the last AG
-    assert s["comm_overlapped_ms"] == pytest.approx(0.060)
-    assert s["idle_ms"] == pytest.approx(0.010)  # 200-210
-    assert s["window_ms"] == pytest.approx(s["compute_ms"] + s["comm_exposed_ms"] + s["idle_ms"])
-    rows = {r["name"]: r for r in s["per_kernel"]}
-    assert rows[RS[:100]] == {"name": RS, "ms": pytest.approx(0.070), "exposed_ms": pytest.approx(0.050), "calls": 1}
-    assert rows[AG[:100]]["exposed_ms"] == pytest.approx(0.020) and rows[AG[:100]]["calls"] == 2
-    assert s["per_kernel"][0]["name"] == RS  # most exposed first
-
-
-def test_per_step_figures_and_empty_trace():
-    s = overlap_summary([(GEMM, 0, 100), (AG, 100, 200)], steps=2)
-    assert (s["compute_ms"], s["comm_exposed_ms"], s["window_ms"]) == (0.05, 0.05, 0.1)
-    with pytest.raises(ValueError, match="no GPU kernels"):
-        overlap_summary([])
-
-
-def test_reads_a_chrome_trace(tmp_path, capsys):
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},  # host side: ignored
-        {"ph": "X", "cat": "kernel", "name": GEMM, "ts": 10, "dur": 100, "args": {"device": 0, "stream": 7}},
-        {"ph": "X", "cat": "kernel", "name": AG, "ts": 60, "dur": 100, "args": {"device": 0, "stream": 21}},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 160, "dur": 10, "args": {"device": 0}},
-        {"ph": "X", "cat": "kernel", "name": GEMM, "ts": 0, "dur": 999, "args": {"device": 1}},
-    ]}
-    path = tmp_path / "trace.json"
-    path.write_text(json.dumps(trace))
-    assert kernels_from_trace(path, device=0) == [(GEMM, 10.0, 110.0), (AG, 60.0, 160.0),
-                                                  ("Memcpy HtoD", 160.0, 170.0)]
-    assert main([str(path), "--device", "0"]) == 0
+def test_prints_the_split_and_the_most_exposed_kernels(tmp_path, capsys):
+    ag = "ncclDevKernel_AllGather_RING_LL"
+    trace = [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 100, "args": {"device": 0}},
+             {"ph": "X", "cat": "kernel", "name": ag, "ts": 50, "dur": 100, "args": {"device": 0}}]
+    (tmp_path / "t.json").write_text(json.dumps(trace))
+    assert main([str(tmp_path / "t.json"), "--steps", "1"]) == 0
     out = capsys.readouterr().out
-    assert "compute 0.1 + communication exposed 0.1 + idle 0.0" in out and "0.05 ms exposed of     0.10" in out
+    assert "GPU window 0.1 ms = compute 0.1 + communication exposed 0.1 + idle 0.0" in out
+    assert "0.05 ms exposed of     0.10 x1     " + ag in out

@@ -1,5 +1,7 @@
 """launchers/train.py: the NeMo-Run CLI entry, run as a user would (subprocesses)."""
 
+import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +88,16 @@ def test_one_process_unless_a_launcher_started_more(monkeypatch, capsys):
     assert _devices(4, rank=0) == 4  # an explicit count stays
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert _devices("auto", rank=0) == 2 and _devices(1, rank=0) == 2
+
+
+def test_profile_steps_profile_a_window_of_the_users_run(tmp_path):
+    r = launch("--factory", "quickstart", "--yes", "trainer.max_steps=4", "data.num_clips=16", "data.batch_size=4",
+               "sampling.enabled=false", "trainer.profile_steps=[1,3]", f"log.root={tmp_path}")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    prof = tmp_path / "quickstart" / "profile"
+    summary = json.loads((prof / "rank0.json").read_text())
+    assert summary["steps"] == [2, 3] and summary["wall_ms_per_step"] > 0
+    assert "gpu" not in summary  # a CPU run has no GPU kernels to split
+    trace = json.loads(gzip.decompress((prof / "rank0.trace.json.gz").read_bytes()))
+    assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+    assert "profile of steps 2-3" in r.stdout

@@ -1,0 +1,62 @@
+"""nemo_vfm.lightning.profiler: exposed vs overlapped communication from hand-built kernel timelines."""
+
+import gzip
+import json
+
+import pytest
+
+from nemo_vfm.lightning.profiler import StepProfiler, kernels_from_trace, merge, overlap_summary
+from nemo_vfm.train import TrainerConfig
+
+GEMM, AG, RS = "sm90_xmma_gemm_bf16", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs)", "ncclDevKernel_ReduceScatter"
+
+
+def test_merge_joins_overlapping_and_touching_intervals():
+    assert merge([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
+
+
+def test_hidden_partial_and_lone_collectives():
+    # us: compute 0-100 (a second stream 40-60) and 150-200; all-gather 20-60 hidden; reduce-scatter 90-160: 10 us
+    # under the first GEMM, 50 alone, 10 under the second; a last all-gather 210-230 alone; nothing runs 200-210
+    kernels = [(GEMM, 0, 100), (GEMM, 40, 60), (GEMM, 150, 200), (AG, 20, 60), (RS, 90, 160), (AG, 210, 230)]
+    s = overlap_summary(kernels)
+    assert s["window_ms"] == pytest.approx(0.230)
+    assert s["compute_ms"] == pytest.approx(0.150)
+    assert s["comm_ms"] == pytest.approx(0.130)
+    assert s["comm_exposed_ms"] == pytest.approx(0.070)
+    assert s["comm_overlapped_ms"] == pytest.approx(0.060)
+    assert s["idle_ms"] == pytest.approx(0.010)
+    rows = {r["name"]: r for r in s["per_kernel"]}
+    assert rows[RS] == {"name": RS, "ms": pytest.approx(0.070), "exposed_ms": pytest.approx(0.050), "calls": 1}
+    assert rows[AG[:100]]["exposed_ms"] == pytest.approx(0.020) and rows[AG[:100]]["calls"] == 2
+    assert s["per_kernel"][0]["name"] == RS  # most exposed first
+
+
+def test_per_step_figures_and_empty_trace():
+    s = overlap_summary([(GEMM, 0, 100), (AG, 100, 200)], steps=2)
+    assert (s["compute_ms"], s["comm_exposed_ms"], s["window_ms"]) == (0.05, 0.05, 0.1)
+    with pytest.raises(ValueError, match="no GPU kernels"):
+        overlap_summary([])
+
+
+def test_reads_gpu_events_of_one_device_from_a_gzipped_chrome_trace(tmp_path):
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},  # host side: ignored
+        {"ph": "X", "cat": "kernel", "name": GEMM, "ts": 10, "dur": 100, "args": {"device": 0, "stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": AG, "ts": 60, "dur": 100, "args": {"device": 0, "stream": 21}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 160, "dur": 10, "args": {"device": 0}},
+        {"ph": "X", "cat": "kernel", "name": GEMM, "ts": 0, "dur": 999, "args": {"device": 1}},
+    ]}
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    assert kernels_from_trace(path, device=0) == [(GEMM, 10.0, 110.0), (AG, 60.0, 160.0),
+                                                  ("Memcpy HtoD", 160.0, 170.0)]
+    assert len(kernels_from_trace(path)) == 4
+
+
+def test_profile_steps_are_validated():
+    for bad in ((3, 3), (-1, 2), (1, 2, 3)):
+        with pytest.raises(ValueError, match="profile_steps"):
+            TrainerConfig(profile_steps=bad)
+    with pytest.raises(ValueError, match="profile_steps"):
+        StepProfiler(4, 2, "x")
