@@ -80,14 +80,15 @@ def _launcher_cmd(case: RecipeCase, run_root: Path, steps: int, every: int, devi
             *case.overrides, *extra]
 
 
-def read_perf(path: Path, skip: int) -> dict:
-    """Median figures of a run's ``perf.jsonl`` after dropping the first ``skip`` log intervals."""
+def read_perf(path: Path, skip: int, max_step: int | None = None) -> dict:
+    """Median figures of a run's ``perf.jsonl`` after dropping the first ``skip`` log intervals (and any logged
+    after ``max_step``: profiled steps)."""
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     try:
         json.loads(lines[-1]) if lines else None
     except json.JSONDecodeError:  # a run killed while writing its last row
         lines = lines[:-1]
-    rows = [json.loads(line) for line in lines]
+    rows = [r for r in map(json.loads, lines) if max_step is None or r["step"] <= max_step]
     kept = rows[skip:] or rows[-1:]
     if not kept:
         raise RuntimeError(f"{path} has no rows")

@@ -26,11 +26,15 @@ share one sample: TP x CP x PP) at N over that at the baseline (the smallest N t
 scaling efficiency: weak scaling by default (per-GPU batch fixed), strong scaling with ``--global-batch``
 (then ``speedup`` = baseline step time / step time at N). A run that fails is recorded with the tail of its
 log, never as a number. A PNG (``--plot``, default next to ``--out``) shows per-GPU throughput and efficiency.
+``--profile K`` runs K more steps under ``trainer.profile_steps`` after the timed ones (their log intervals are
+left out of the figures) and puts rank 0's profile summary in the row: compute, exposed and overlapped NCCL time
+per step (``nemo_vfm/lightning/profiler.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -152,7 +156,9 @@ def run_n(a, nprocs: int, overrides: list[str], run_root: Path) -> dict:
     name = f"{a.factory}-n{nprocs}"
     row: dict = {"nprocs": nprocs, "overrides": overrides}
     case = RecipeCase(name=name, factory=a.factory, overrides=overrides)
-    launcher = _launcher_cmd(case, run_root, a.steps, a.every, a.device)[1:]  # drop the interpreter
+    launcher = _launcher_cmd(case, run_root, a.steps + a.profile, a.every, a.device)[1:]  # drop the interpreter
+    if a.profile:  # profiled after the timed steps, whose figures it would slow down
+        launcher.append(f"trainer.profile_steps=[{a.steps},{a.steps + a.profile}]")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nprocs), *launcher]
     try:
         extra_env = child_env(nprocs, a.device, run_root / f"cache-n{nprocs}" if a.separate_caches else None)
@@ -168,12 +174,15 @@ def run_n(a, nprocs: int, overrides: list[str], run_root: Path) -> dict:
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     lines = log_path.read_text(errors="replace").splitlines()
     row["step_log"] = [ln for ln in lines if ln.startswith("step ")][-3:]
-    row.update(outcome(rc, run_root / name / "perf.jsonl", a.skip, lines))
+    row.update(outcome(rc, run_root / name / "perf.jsonl", a.skip, lines, a.steps))
+    summary = run_root / name / "profile" / "rank0.json"
+    if a.profile and summary.exists():
+        row["profile"] = json.loads(summary.read_text())
     print(f"[N={nprocs}] {describe(row)}", flush=True)
     return row
 
 
-def outcome(rc: int | str, perf: Path, skip: int, lines: list[str]) -> dict:
+def outcome(rc: int | str, perf: Path, skip: int, lines: list[str], max_step: int | None = None) -> dict:
     """A run's figures from its ``perf.jsonl``, or ``error`` + ``log_tail``. ``rc``: the exit code, or a string
     for a run ended by the limit, whose intervals logged before it still count (with a ``note`` saying so)."""
     failed = rc if isinstance(rc, str) else f"exit {rc}"
@@ -183,7 +192,7 @@ def outcome(rc: int | str, perf: Path, skip: int, lines: list[str]) -> dict:
     if rc != 0 and logged <= skip:
         return {"error": f"{failed} after {logged} logged interval(s), all warm-up", "log_tail": rank_tail(lines)}
     try:
-        figures = read_perf(perf, skip)
+        figures = read_perf(perf, skip, max_step)
     except (RuntimeError, ValueError, KeyError) as e:
         why = f"unreadable perf.jsonl: {e}"
         return {"error": f"{failed} ({why})" if rc != 0 else why, "log_tail": rank_tail(lines)}
@@ -267,6 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--every", type=int, default=5, help="log interval (steps)")
+    p.add_argument("--profile", type=int, default=0, help="profile this many steps after the timed ones "
+                   "(trainer.profile_steps; rank 0's summary goes into the row as 'profile')")
     p.add_argument("--skip", type=int, default=2, help="log intervals dropped as warm-up")
     p.add_argument("--separate-caches", action="store_true", help="own TORCHINDUCTOR/TRITON cache dir per run")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")

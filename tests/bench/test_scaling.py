@@ -38,6 +38,20 @@ def test_quickstart_at_1_and_2_gloo_processes(tmp_path, monkeypatch):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_profile_runs_after_the_timed_steps_on_every_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out, keep = tmp_path / "p.json", tmp_path / "keep"
+    argv = ["--factory", "quickstart", "--device", "cpu", "--nprocs", "2", "--steps", "4", "--every", "2", "--skip", "1",
+            "--profile", "2", "--keep", str(keep), "--out", str(out)]
+    assert scaling.main(argv + [x for o in TINY for x in ("--set", o)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert "error" not in r, r.get("log_tail")
+    assert "trainer.max_steps=6" in r["command"] and "trainer.profile_steps=[4,6]" in r["command"]
+    assert r["intervals"] == 1 and r["steps_timed"] == 2  # steps 3-4: the profiled steps 5-6 are left out
+    assert r["profile"]["steps"] == [5, 6] and r["profile"]["wall_ms_per_step"] > 0
+    assert (keep / "quickstart-n2" / "profile" / "rank1.json").exists()
+
+
 def test_failed_run_is_recorded_with_its_log_not_a_number(tmp_path):
     out = tmp_path / "f.json"
     args = ["--factory", "quickstart", "--device", "cpu", "--nprocs", "1", "--steps", "1", "--set", "model.bogus=1",
