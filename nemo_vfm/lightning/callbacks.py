@@ -47,22 +47,21 @@ class ThroughputLogger(StepEndCallback):
 
     Time is measured between optimizer steps (data loading included) over the whole interval, and a step's
     samples and tokens are those of all its accumulated micro-batches (FLOPs too; of packed batches, the last
-    micro-batch's times their number); the GPU is
-    synchronised only at log steps, so the hot loop never waits for the host. FLOPs are the analytic model
-    FLOPs of ``model_config``'s family (its spec's ``flops``, through :func:`nemo_vfm.models.flops.train_step_flops`:
-    3x forward, recomputation not counted; none for a config of no declared family), divided by the ranks that
-    share one sample (TP x CP x PP) so that the figure is per GPU; MFU is against the device's dense bf16 peak.
-    ``patch_size``: the model's ``(pt, ph, pw)`` (every family's config has ``patch_size``).
-    With ``out``, each log line is also appended to that JSON-lines file (``perf.jsonl``: what ``bench/``
-    reads from a ``launchers/train.py`` run).
+    micro-batch's times their number); the GPU is synchronised only at log steps, so the hot loop never waits for
+    the host. FLOPs are the analytic model FLOPs of ``model_config``'s family (its spec's ``flops``, through
+    :func:`nemo_vfm.models.flops.train_step_flops`: 3x forward, recomputation not counted; none for a config of no
+    declared family), divided by the ranks that share one sample (TP x CP x PP) so that the figure is per GPU; MFU
+    is against the device's dense bf16 peak. ``patch_size``: the model's ``(pt, ph, pw)``. With ``out``, each log
+    line is also appended to that JSON-lines file (``perf.jsonl``: what ``bench/`` reads from a
+    ``launchers/train.py`` run); its first row also holds ``startup_s``, from this callback's creation (in
+    ``train()``) to the first step.
     """
 
     def __init__(self, every_n_steps: int = 10, patch_size=(1, 1, 1), model_config=None, out: str | Path | None = None):
         self.every, self.patch_size, self.model_config = max(1, every_n_steps), patch_size, model_config
         self.out = Path(out) if out is not None else None  # perf.jsonl: one row per log step (rank 0)
         self._t0, self._samples, self._tokens, self._steps, self._batches, self._flops = None, 0, 0, 0, 0, 0.0
-        self._peak = None
-        self._flops_by_shape: dict = {}
+        self._peak, self._created, self._startup, self._flops_by_shape = None, time.perf_counter(), None, {}
 
     def on_train_start(self, trainer, pl_module):
         from nemo_vfm.models.flops import peak_tflops
@@ -73,8 +72,10 @@ class ThroughputLogger(StepEndCallback):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self._t0 is None:
+        if self._t0 is None:  # the first step: what came before it is start-up
             self._t0 = time.perf_counter()
+            self._startup = self._t0 - self._created
+            rank_zero_info(f"first step {self._startup:.1f} s after train() began (network laid out, first batch in)")
 
     def _step_flops(self, batch, lat) -> float:
         """Model FLOPs of this step on one sample-sharing group (shapes only: no device sync)."""
@@ -145,9 +146,11 @@ class ThroughputLogger(StepEndCallback):
         pl_module.log_dict(stats, batch_size=lat.shape[0])
         if self.out is not None and trainer.global_rank == 0:
             self.out.parent.mkdir(parents=True, exist_ok=True)
+            first, self._startup = {} if self._startup is None else {"startup_s": round(self._startup, 2)}, None
+            row = {"step": trainer.global_step, "steps": self._steps, **first,
+                   **{k.removeprefix("perf/"): v for k, v in stats.items()}}
             with open(self.out, "a") as f:
-                f.write(json.dumps({"step": trainer.global_step, "steps": self._steps,
-                                    **{k.removeprefix("perf/"): v for k, v in stats.items()}}) + "\n")
+                f.write(json.dumps(row) + "\n")
         loss = getattr(pl_module, "step_metrics", {}).get("loss")  # Lightning's outputs: divided by accumulation
         if loss is None:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs

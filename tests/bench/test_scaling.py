@@ -31,6 +31,7 @@ def test_quickstart_at_1_and_2_gloo_processes(tmp_path, monkeypatch):
     for r in (r1, r2):
         assert "error" not in r, r.get("log_tail")
         assert r["step_s"] > 0 and r["tokens_per_s_per_gpu"] > 0 and r["intervals"] == 1
+        assert 0 < r["startup_s"] < r["wall_s"]  # train() to the first step, from perf.jsonl's first row
         assert f"--nproc-per-node {r['nprocs']}" in r["command"]
         assert "launchers/train.py --factory quickstart" in r["command"]
     assert r1["efficiency"] == 1.0
