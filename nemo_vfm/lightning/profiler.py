@@ -17,6 +17,7 @@ import bisect
 import gzip
 import json
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -116,6 +117,12 @@ class StepProfiler(L.Callback):
             raise ValueError(f"profile_steps must be [start, stop] with 0 <= start < stop, got [{start}, {stop}]")
         self.start, self.stop, self.out_dir = start, stop, Path(out_dir)
         self.prof, self.t0, self.summary = None, 0.0, None
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.global_step > self.start:  # a resumed run past the window: say so rather than profile nothing
+            warnings.warn(f"trainer.profile_steps=[{self.start}, {self.stop}]: this run starts at step "
+                          f"{trainer.global_step}, past A={self.start}, so nothing is profiled; set A >= "
+                          f"{trainer.global_step}", stacklevel=2)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.prof is None and self.summary is None and trainer.global_step == self.start:

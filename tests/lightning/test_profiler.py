@@ -60,3 +60,13 @@ def test_profile_steps_are_validated():
             TrainerConfig(profile_steps=bad)
     with pytest.raises(ValueError, match="profile_steps"):
         StepProfiler(4, 2, "x")
+
+
+def test_a_resumed_run_past_the_window_says_nothing_is_profiled(tmp_path):
+    from types import SimpleNamespace
+
+    cb = StepProfiler(2, 4, tmp_path)
+    with pytest.warns(UserWarning, match="starts at step 10, past A=2, so nothing is profiled"):
+        cb.on_train_start(SimpleNamespace(global_step=10), None)
+    cb.on_train_batch_start(SimpleNamespace(global_step=10), None, None, 0)
+    assert cb.prof is None and not list(tmp_path.iterdir())
