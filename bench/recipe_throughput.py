@@ -101,7 +101,7 @@ def read_perf(path: Path, skip: int, max_step: int | None = None) -> dict:
             "tokens_per_s_per_gpu": med("tokens_per_s_per_gpu"), "model_tflops": med("model_tflops_per_gpu"),
             "mfu": med("mfu"), "peak_mem_gib": max((r.get("peak_mem_gib") or 0) for r in rows) or None,
             "intervals": len(kept), "steps_timed": sum(r["steps"] for r in kept),
-            "startup_s": rows[0].get("startup_s") if rows else None}
+            "startup_s": rows[0].get("startup_s")}
 
 
 def run_recipe(case: RecipeCase, steps: int, every: int, skip: int, device: str = "cuda") -> dict:

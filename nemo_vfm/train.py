@@ -72,8 +72,10 @@ class TrainerConfig:
         if self.gc_every_n_steps is not None and self.gc_every_n_steps < 1:
             raise ValueError(f"TrainerConfig.gc_every_n_steps must be >= 1 or None (automatic GC), "
                              f"got {self.gc_every_n_steps}")
-        if self.profile_steps is not None and not (len(self.profile_steps) == 2 and 0 <= self.profile_steps[0] < self.profile_steps[1]):
-            raise ValueError(f"TrainerConfig.profile_steps must be [A, B] with 0 <= A < B, got {self.profile_steps}")
+        if self.profile_steps is not None:
+            from nemo_vfm.lightning.profiler import check_profile_steps
+
+            check_profile_steps(self.profile_steps)
         if self.nonfinite_max_consecutive < 1:
             raise ValueError(f"TrainerConfig.nonfinite_max_consecutive must be >= 1, got {self.nonfinite_max_consecutive}")
 

@@ -35,8 +35,6 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.parallel.sdpa_backend import any_sdpa_kernel
-
 HUNYUAN_FPS = 24.0  # the release's frame rate (flavors.FPS)
 I2V_PIPELINE = "HunyuanVideo15ImageToVideoPipeline"
 
@@ -74,7 +72,6 @@ def image_size(info, image: str | Path) -> tuple[int, int]:
 
 
 @torch.no_grad()
-@any_sdpa_kernel
 def image_conditions(
     info, tokenizer, image: str | Path, frames: int, height: int, width: int, device=None
 ) -> dict:

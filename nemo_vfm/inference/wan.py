@@ -30,8 +30,6 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.parallel.sdpa_backend import any_sdpa_kernel
-
 WAN_FPS = 16.0
 WAN_FRAMES = 81
 
@@ -140,7 +138,6 @@ def load_image(path: str | Path, height: int, width: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-@any_sdpa_kernel
 def clip_image_embeds(folder: str | Path, image_3HW: torch.Tensor, device=None) -> torch.Tensor:
     """CLIP vision penultimate hidden states ``(1, 257, 1280)`` of an image in [-1, 1] (the pipeline's
     ``image_encoder/`` and ``image_processor/``)."""

@@ -108,13 +108,18 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def check_profile_steps(steps) -> None:
+    """``trainer.profile_steps`` must be ``[A, B]`` with ``0 <= A < B``."""
+    if not (len(steps) == 2 and 0 <= steps[0] < steps[1]):
+        raise ValueError(f"trainer.profile_steps must be [A, B] with 0 <= A < B (steps A+1..B), got {list(steps)}")
+
+
 class StepProfiler(L.Callback):
     """``torch.profiler`` over optimizer steps ``start + 1 .. stop`` (after ``start`` warm-up steps); writes the
     trace and summary of this rank into ``out_dir`` (module docstring)."""
 
     def __init__(self, start: int, stop: int, out_dir: str | Path):
-        if not 0 <= start < stop:
-            raise ValueError(f"profile_steps must be [start, stop] with 0 <= start < stop, got [{start}, {stop}]")
+        check_profile_steps((start, stop))
         self.start, self.stop, self.out_dir = start, stop, Path(out_dir)
         self.prof, self.t0, self.summary = None, 0.0, None
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.parallel.sdpa_backend import any_sdpa_kernel
 from nemo_vfm.tokenizers.base import TextEncoder
 from nemo_vfm.tokenizers.diffusers_vae import parse_dtype, resolve_local_dir
 
@@ -64,7 +63,6 @@ class ByT5GlyphEncoder(TextEncoder):
         return self._cache_key
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(captions, str):
             raise TypeError("ByT5GlyphEncoder.encode takes a list of captions, got a single string")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.parallel.sdpa_backend import any_sdpa_kernel
 from nemo_vfm.tokenizers.base import VideoTokenizer
 from nemo_vfm.tokenizers.diffusers_vae import parse_dtype
 
@@ -82,13 +81,11 @@ class CosmosJitTokenizer(VideoTokenizer):
         return _first(module(x)).float()
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def encode_raw(self, video: torch.Tensor) -> torch.Tensor:
         self.latent_shape(*video.shape[2:])
         return self._run(self.encoder, video, "encoder")
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def decode_raw(self, z: torch.Tensor) -> torch.Tensor:
         return self._run(self.decoder, z, "decoder")
 

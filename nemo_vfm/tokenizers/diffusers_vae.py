@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.parallel.sdpa_backend import any_sdpa_kernel
 from nemo_vfm.tokenizers.base import VideoTokenizer
 
 
@@ -145,14 +144,12 @@ class DiffusersVideoVAE(VideoTokenizer):
         return x.to(device=p.device, dtype=p.dtype)
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def encode_raw(self, video: torch.Tensor) -> torch.Tensor:
         self.latent_shape(*video.shape[2:])
         dist = self.vae.encode(self._cast(video)).latent_dist
         return (dist.sample() if self.sample else dist.mode()).float()
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def decode_raw(self, z: torch.Tensor) -> torch.Tensor:
         return self.vae.decode(self._cast(z)).sample.float()
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from nemo_vfm.parallel.sdpa_backend import any_sdpa_kernel
 from nemo_vfm.tokenizers.base import TextEncoder
 from nemo_vfm.tokenizers.diffusers_vae import parse_dtype, resolve_local_dir
 from nemo_vfm.tokenizers.t5 import T5TextEncoder
@@ -63,7 +62,6 @@ class QwenVLTextEncoder(TextEncoder):
         return torch.as_tensor(ids, dtype=torch.long)
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(captions, str):
             raise TypeError("QwenVLTextEncoder.encode takes a list of captions, got a single string")
@@ -113,7 +111,6 @@ class HunyuanQwenTextEncoder(TextEncoder):
         return self._cache_key
 
     @torch.no_grad()
-    @any_sdpa_kernel
     def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(captions, str):
             raise TypeError("HunyuanQwenTextEncoder.encode takes a list of captions, got a single string")

@@ -92,7 +92,7 @@ def test_one_process_unless_a_launcher_started_more(monkeypatch, capsys):
 
 def test_profile_steps_profile_a_window_of_the_users_run(tmp_path):
     r = launch("--factory", "quickstart", "--yes", "trainer.max_steps=4", "data.num_clips=16", "data.batch_size=4",
-               "sampling.enabled=false", "trainer.profile_steps=[1,3]", f"log.root={tmp_path}")
+               "sampling.num_steps=2", "sampling.num_samples=2", "trainer.profile_steps=[1,3]", f"log.root={tmp_path}")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     prof = tmp_path / "quickstart" / "profile"
     summary = json.loads((prof / "rank0.json").read_text())
@@ -101,3 +101,4 @@ def test_profile_steps_profile_a_window_of_the_users_run(tmp_path):
     trace = json.loads(gzip.decompress((prof / "rank0.trace.json.gz").read_bytes()))
     assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
     assert "profile of steps 2-3" in r.stdout
+    assert (tmp_path / "quickstart" / "samples" / "step=00000004.mp4").stat().st_size > 0  # previews still written

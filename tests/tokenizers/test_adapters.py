@@ -113,8 +113,8 @@ def test_cosmos_jit_folder(tmp_path):
 
 
 def test_vae_runs_under_the_dit_attention_flags(tmp_path):
-    """The Wan VAE's mid-block attention runs under the SDPA flags the DiT narrowed (none left on CPU): its
-    wrapper's encode/decode enable every kernel, with the same result."""
+    """The Wan VAE's mid-block attention runs under the SDPA flags the DiT narrowed (no fused kernel left on the
+    CPU: math, the last resort, runs it), with the same result."""
     from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
 
     torch.manual_seed(0)
@@ -124,6 +124,6 @@ def test_vae_runs_under_the_dit_attention_flags(tmp_path):
     ref = tok.decode(tok.encode(x))
     select_sdpa_backend("cudnn")
     try:
-        assert torch.equal(tok.decode(tok.encode(x)), ref)
+        assert torch.allclose(tok.decode(tok.encode(x)), ref, atol=1e-5, rtol=1e-5)  # math vs the CPU's flash kernel
     finally:
         select_sdpa_backend("default")
