@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA weights")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available; torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"), help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--text-encoder-device", default=None,
+                   help="where rank 0 runs the text encoder (UMT5, Qwen2.5-VL): default the generation device, in "
+                        "bf16 on a GPU; cpu keeps it off a card without room for it (float32, slow: torchrun runs "
+                        "one CPU thread per process unless OMP_NUM_THREADS says otherwise)")
     p.add_argument("--cp", type=int, default=None, help="context parallel ranks (default: all ranks left after "
                                                         "--tp and --cfg-parallel)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (with sequence parallel)")
@@ -292,7 +296,8 @@ def _run(args) -> int:
                      copies=2 if args.guidance != 1.0 and not layout.cfg_parallel else 1)
         engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
                                                  latent_thw=thw, tokenizer=tokenizer.to(device).eval(),
-                                                 compile=default_compile(args, info, device))
+                                                 compile=default_compile(args, info, device),
+                                                 text_encoder_device=args.text_encoder_device)
         low = None
         if "experts" in gen:  # Wan 2.2 A14B: the low-noise expert beside the high-noise one
             from nemo_vfm.inference.wan import low_noise_engine
@@ -301,7 +306,7 @@ def _run(args) -> int:
         if hunyuan:  # HunyuanVideo 1.5: the ByT5 glyph encoder beside the Qwen2.5-VL text encoder (rank 0)
             from nemo_vfm.inference.hunyuan import generate_hunyuan, glyph_encoder
 
-            glyph = glyph_encoder(info) if rank == 0 else None
+            glyph = glyph_encoder(info, args.text_encoder_device or device) if rank == 0 else None
             if args.image:
                 from nemo_vfm.inference.hunyuan import image_conditions
 

@@ -111,12 +111,14 @@ class InferenceEngine:
     def from_checkpoint(cls, path, layout: InferenceLayout | None = None, *, device=None, dtype="bf16",
                         use_ema: bool = True, latent_thw=None, tokenizer=None, text_encoder=None,
                         build_encoders: bool = True, cache_text_kv: bool = True,
-                        compile: bool = False) -> InferenceEngine:
+                        compile: bool = False, text_encoder_device=None) -> InferenceEngine:
         """Build the network on the meta device, parallelise it, materialise it in ``dtype`` on ``device``
         and load the checkpoint's weights (each rank reads only its own pieces of a DCP checkpoint).
 
         The tokenizer and (on rank 0 only) the text encoder come from the checkpoint's generation settings
-        unless given. ``latent_thw`` checks the latent size against the layout before anything is built.
+        unless given; the text encoder sits on ``text_encoder_device`` (default ``device``; bf16 on a GPU, see
+        :func:`~nemo_vfm.tokenizers.registry.text_encoder_placed`). ``latent_thw`` checks the latent size
+        against the layout before anything is built.
         """
         import torch.distributed as dist
 
@@ -149,7 +151,11 @@ class InferenceEngine:
                 tokenizer = build_tokenizer(gen["tokenizer"]["name"], **gen["tokenizer"]["kwargs"])
                 tokenizer = tokenizer.to(device).eval()
             if text_encoder is None and rank == 0:
-                text_encoder = build_text_encoder(gen["text_encoder"]["name"], **gen["text_encoder"]["kwargs"])
+                from nemo_vfm.tokenizers.registry import text_encoder_placed
+
+                name = gen["text_encoder"]["name"]
+                text_encoder = build_text_encoder(name, **text_encoder_placed(
+                    name, gen["text_encoder"]["kwargs"], text_encoder_device or device))
         return cls(model, info.objective, layout=layout, pmesh=pmesh, device=device, dtype=dtype,
                    tokenizer=tokenizer, text_encoder=text_encoder, generation=gen, step=info.step)
 

@@ -20,6 +20,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from nemo_vfm.tokenizers.base import TextEncoder, VideoTokenizer
 from nemo_vfm.tokenizers.hunyuan_vae import build as _hunyuanvideo1_5
 from nemo_vfm.tokenizers.qwen_vl import build as _qwen2_5_vl
@@ -133,6 +135,20 @@ def build_tokenizer(name: str, tiling: Any = None, **kwargs) -> VideoTokenizer:
     elif not isinstance(tiling, TilingConfig):
         raise ValueError(f"tiling must be True, a dict of TilingConfig fields or a TilingConfig, got {tiling!r}")
     return TiledTokenizer(tokenizer, tiling)
+
+
+def text_encoder_placed(name: str, kwargs: dict, device) -> dict:
+    """``kwargs`` for building text encoder ``name`` on ``device``: on a GPU in bf16 unless ``kwargs`` name a
+    dtype (Wan, Cosmos and HunyuanVideo run UMT5 / Qwen2.5-VL so), on the CPU as saved (float32 by default). An
+    encoder without a ``device`` argument (``hash``) or an unknown name keeps ``kwargs``."""
+    builder = TEXT_ENCODERS.get(name)
+    if builder is None or "device" not in inspect.signature(builder).parameters:
+        return dict(kwargs)
+    device = torch.device(device)
+    placed = {**kwargs, "device": str(device)}
+    if device.type != "cpu" and kwargs.get("dtype") is None:
+        placed["dtype"] = "bf16"
+    return placed
 
 
 def build_text_encoder(name: str, cache_dir: str | None = None, **kwargs) -> TextEncoder:

@@ -58,3 +58,15 @@ def test_data_preparation_routes_through_the_registry():
 
     assert isinstance(data_tok("causal", width=4, latent_channels=4), CausalVideoTokenizer)
     assert data_text("hash", dim=8, max_length=4).encode(["a b"])[0].shape == (1, 4, 8)
+
+
+def test_text_encoders_are_placed_in_bf16_off_the_cpu():
+    from nemo_vfm.tokenizers.registry import text_encoder_placed
+
+    kw = {"path": "/ckpt", "max_length": 512}
+    assert text_encoder_placed("umt5", kw, "cuda:1") == {**kw, "device": "cuda:1", "dtype": "bf16"}
+    assert text_encoder_placed("qwen2_5_vl", kw, torch.device("cpu")) == {**kw, "device": "cpu"}
+    assert text_encoder_placed("umt5", {**kw, "dtype": "fp32"}, "cuda")["dtype"] == "fp32"  # an explicit choice stays
+    assert text_encoder_placed("hash", {"dim": 8}, "cuda") == {"dim": 8}  # takes no device
+    assert text_encoder_placed("nope", {"a": 1}, "cuda") == {"a": 1}  # the build names the unknown encoder
+    assert kw == {"path": "/ckpt", "max_length": 512}
