@@ -1,9 +1,11 @@
-"""How much of a profiled step's communication the GPU hid behind compute, per kernel, from a chrome trace.
+"""How much of a profiled step's communication the GPU hid behind compute, per kernel, and how often the host
+waited for the GPU, from a chrome trace.
 
     python bench/trace_overlap.py RUN/profile/rank0.trace.json.gz --steps 3
 
 For traces of ``launchers/train.py ... trainer.profile_steps=[A,B]`` (which writes this summary itself) or of any
-``torch.profiler`` run; the analysis is ``nemo_vfm.lightning.profiler.overlap_summary`` (what each figure means).
+``torch.profiler`` run; the analysis is ``nemo_vfm.lightning.profiler.overlap_summary`` and ``host_syncs`` (what each
+figure means).
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nemo_vfm.lightning.profiler import format_summary, kernels_from_trace, overlap_summary  # noqa: E402
+from nemo_vfm.lightning.profiler import (  # noqa: E402
+    format_summary,
+    host_syncs,
+    kernels_from_trace,
+    overlap_summary,
+    trace_events,
+)
 
 
 def main(argv=None) -> int:
@@ -23,7 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1, help="steps the trace holds (figures are per step)")
     p.add_argument("--device", type=int, help="only this CUDA device's kernels")
     a = p.parse_args(argv)
-    print(format_summary(overlap_summary(kernels_from_trace(a.trace, a.device), a.steps)))
+    events = trace_events(a.trace)
+    print(format_summary(overlap_summary(kernels_from_trace(events, a.device), a.steps), host_syncs(events, a.steps)))
     return 0
 
 

@@ -3,7 +3,8 @@
 ``trainer.profile_steps=[A,B]`` (``TrainerConfig``) runs ``torch.profiler`` over optimizer steps A+1..B on every
 rank and writes, per rank, ``<run>/profile/rank<r>.trace.json.gz`` (a chrome trace for Perfetto or
 chrome://tracing) and ``rank<r>.json``: wall time per step, the GPU timeline split by :func:`overlap_summary`
-(compute, NCCL time no compute kernel hid, idle) and the top GPU kernels. Rank 0 prints its summary.
+(compute, NCCL time no compute kernel hid, idle), the top GPU kernels, and the host's waits for the GPU
+(:func:`host_syncs`). Rank 0 prints its summary.
 
 :func:`overlap_summary` reads kernels as ``(name, start_us, end_us)`` on every stream of one device: compute is
 the time at least one non-NCCL kernel (or memcpy / memset) ran, communication the time at least one NCCL kernel
@@ -24,6 +25,7 @@ import lightning as L
 import torch
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def is_comm(name: str) -> bool:
@@ -31,13 +33,18 @@ def is_comm(name: str) -> bool:
     return "nccl" in name.lower()
 
 
-def kernels_from_trace(path: str | Path, device: int | None = None) -> list[tuple[str, float, float]]:
-    """``(name, start_us, end_us)`` of every GPU kernel, memcpy and memset in a chrome trace (``.json`` or
-    ``.json.gz``; of one ``device`` if given)."""
+def trace_events(path: str | Path) -> list[dict]:
+    """The events of a chrome trace (``.json`` or ``.json.gz``)."""
     path = Path(path)
     text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     events = json.loads(text)
-    events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    return events.get("traceEvents", []) if isinstance(events, dict) else events
+
+
+def kernels_from_trace(path: str | Path | list[dict], device: int | None = None) -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)`` of every GPU kernel, memcpy and memset in a chrome trace (a path or its
+    :func:`trace_events`; of one ``device`` if given)."""
+    events = path if isinstance(path, list) else trace_events(path)
     out = []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in GPU_CATEGORIES:
@@ -98,13 +105,50 @@ def overlap_summary(kernels: list[tuple[str, float, float]], steps: int = 1) -> 
             "idle_ms": round((window - length[0] - exposed) * ms, 3), "per_kernel": rows}
 
 
-def format_summary(s: dict) -> str:
-    """A few lines for a log: the split of the window, then the most exposed NCCL kernels."""
+def host_syncs(events: list[dict], steps: int = 1) -> dict:
+    """Per step: how often and how long the host waited for the GPU (``cudaStreamSynchronize``,
+    ``cudaDeviceSynchronize``, ``cudaEventSynchronize``: ``.item()``, ``.tolist()``, ``.cpu()``, ``nonzero``...),
+    each wait charged to the outermost ATen op around it on its thread (``by_op``, longest first). After each wait
+    the GPU's queue is empty, so every one costs at least a launch gap of GPU idle time."""
+    ops: dict[tuple, list[tuple[float, float, str]]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ts = float(e["ts"])
+            ops.setdefault((e.get("pid"), e.get("tid")), []).append((ts, ts + float(e.get("dur", 0.0)),
+                                                                     str(e.get("name", ""))))
+    tops: dict[tuple, list[tuple[float, float, str]]] = {}  # per thread: the ops no other op encloses, in order
+    for thread, rows in ops.items():
+        out = tops.setdefault(thread, [])
+        for row in sorted(rows, key=lambda r: (r[0], -r[1])):
+            if not out or row[0] >= out[-1][1]:
+                out.append(row)
+    per: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "cuda_runtime" or e.get("name") not in SYNC_CALLS:
+            continue
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        rows = tops.get((e.get("pid"), e.get("tid")), [])
+        i = bisect.bisect_right(rows, (ts, float("inf"))) - 1  # the last top-level op starting by ts
+        op = rows[i][2] if i >= 0 and rows[i][1] >= ts + dur else "(no ATen op)"
+        row = per.setdefault(op[:100], [0.0, 0])
+        row[0], row[1] = row[0] + dur, row[1] + 1
+    ms = 1e-3 / steps
+    return {"calls": sum(c for _, c in per.values()) // steps,
+            "blocked_ms": round(sum(t for t, _ in per.values()) * ms, 3),
+            "by_op": [{"op": n, "calls": c // steps, "blocked_ms": round(t * ms, 3)}
+                      for n, (t, c) in sorted(per.items(), key=lambda kv: -kv[1][0])]}
+
+
+def format_summary(s: dict, syncs: dict | None = None) -> str:
+    """A few lines for a log: the split of the window, the most exposed NCCL kernels, then the host's waits."""
     lines = [f"per step: GPU window {s['window_ms']:.1f} ms = compute {s['compute_ms']:.1f} + communication exposed "
              f"{s['comm_exposed_ms']:.1f} + idle {s['idle_ms']:.1f} (communication overlapped: "
              f"{s['comm_overlapped_ms']:.1f} of {s['comm_ms']:.1f} ms)"]
     for r in s["per_kernel"][:8]:
         lines.append(f"  {r['exposed_ms']:8.2f} ms exposed of {r['ms']:8.2f} x{r['calls']:<5} {r['name']}")
+    if syncs is not None:
+        lines.append(f"host waited for the GPU {syncs['calls']} times per step ({syncs['blocked_ms']:.1f} ms)"
+                     + "".join(f"; {r['op']} x{r['calls']}" for r in syncs["by_op"][:4]))
     return "\n".join(lines)
 
 
@@ -156,9 +200,11 @@ class StepProfiler(L.Callback):
         trace = self.out_dir / f"rank{rank}.trace.json.gz"
         prof.export_chrome_trace(str(trace))
         summary: dict = {"steps": [self.start + 1, self.start + steps], "wall_ms_per_step": round(wall * 1e3, 3)}
-        kernels = kernels_from_trace(trace)
+        events = trace_events(trace)
+        kernels = kernels_from_trace(events)
         if kernels:
             summary["gpu"] = overlap_summary(kernels, steps)
+            summary["host_syncs"] = host_syncs(events, steps)
             per: dict[str, list[float]] = {}
             for n, s, e in kernels:
                 row = per.setdefault(n[:100], [0.0, 0])
@@ -169,7 +215,8 @@ class StepProfiler(L.Callback):
         self.summary = summary
         if rank == 0:
             text = f"profile of steps {self.start + 1}-{self.start + steps}: wall {summary['wall_ms_per_step']:.1f} ms/step"
-            print(text + ("\n" + format_summary(summary["gpu"]) if "gpu" in summary else " (no GPU kernels)")
+            print(text + ("\n" + format_summary(summary["gpu"], summary["host_syncs"]) if "gpu" in summary
+                          else " (no GPU kernels)")
                   + f"\ntraces and summaries in {self.out_dir}", flush=True)
 
 

@@ -5,7 +5,14 @@ import json
 
 import pytest
 
-from nemo_vfm.lightning.profiler import StepProfiler, kernels_from_trace, merge, overlap_summary
+from nemo_vfm.lightning.profiler import (
+    StepProfiler,
+    format_summary,
+    host_syncs,
+    kernels_from_trace,
+    merge,
+    overlap_summary,
+)
 from nemo_vfm.train import TrainerConfig
 
 GEMM, AG, RS = "sm90_xmma_gemm_bf16", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs)", "ncclDevKernel_ReduceScatter"
@@ -37,6 +44,34 @@ def test_per_step_figures_and_empty_trace():
     assert (s["compute_ms"], s["comm_exposed_ms"], s["window_ms"]) == (0.05, 0.05, 0.1)
     with pytest.raises(ValueError, match="no GPU kernels"):
         overlap_summary([])
+
+
+def _ev(cat, name, ts, dur, tid=1):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def test_host_waits_are_counted_per_step_and_charged_to_the_outermost_op():
+    # main thread: aten::item (0-50) holds _local_scalar_dense and its stream sync (10-40, 30 us); aten::to (100-
+    # 200) holds a copy and a sync (120-180); a sync outside any op (300-306); the autograd thread syncs inside its
+    # evaluate_function (2 calls, 10 us each); a launch and a non-sync runtime call count for nothing
+    events = [_ev("cpu_op", "aten::item", 0, 50), _ev("cpu_op", "aten::_local_scalar_dense", 5, 40),
+              _ev("cuda_runtime", "cudaStreamSynchronize", 10, 30),
+              _ev("cpu_op", "aten::to", 100, 100), _ev("cpu_op", "aten::copy_", 110, 80),
+              _ev("cuda_runtime", "cudaMemcpyAsync", 115, 4), _ev("cuda_runtime", "cudaStreamSynchronize", 120, 60),
+              _ev("cuda_runtime", "cudaDeviceSynchronize", 300, 6),
+              _ev("cpu_op", "autograd::engine::evaluate_function: MulBackward0", 0, 500, tid=2),
+              _ev("cuda_runtime", "cudaEventSynchronize", 100, 10, tid=2),
+              _ev("cuda_runtime", "cudaEventSynchronize", 400, 10, tid=2),
+              _ev("cuda_runtime", "cudaLaunchKernel", 20, 5, tid=2), _ev("kernel", "gemm", 0, 10)]
+    s = host_syncs(events, steps=2)
+    assert s["calls"] == 2 and s["blocked_ms"] == pytest.approx(0.058)  # (30 + 60 + 6 + 20) us over 2 steps
+    assert s["by_op"] == [{"op": "aten::to", "calls": 0, "blocked_ms": 0.03},
+                          {"op": "aten::item", "calls": 0, "blocked_ms": 0.015},
+                          {"op": "autograd::engine::evaluate_function: MulBackward0", "calls": 1, "blocked_ms": 0.01},
+                          {"op": "(no ATen op)", "calls": 0, "blocked_ms": 0.003}]
+    assert host_syncs([_ev("kernel", "gemm", 0, 10)]) == {"calls": 0, "blocked_ms": 0.0, "by_op": []}
+    text = format_summary(overlap_summary([(GEMM, 0, 100)]), host_syncs(events))
+    assert "host waited for the GPU 5 times per step (0.1 ms); aten::to x1; aten::item x1" in text
 
 
 def test_reads_gpu_events_of_one_device_from_a_gzipped_chrome_trace(tmp_path):
