@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tile", type=int, default=0, help="decode in tiles of this many pixels, dealt to all "
                                                               "ranks (0: the tokenizer as configured)")
     p.add_argument("--decode-overlap", type=int, default=64, help="tile overlap in pixels (with --decode-tile)")
+    p.add_argument("--gif", action=argparse.BooleanOptionalAction, default=True,
+                   help="write a gif beside each mp4 (--no-gif: the mp4 alone; a 720p x 81-frame gif is ~30 MB)")
     p.add_argument("--upscale", type=int, default=0, help="nearest-neighbour upscaling of the output (0: auto)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile each transformer block (faster denoising after a one-time compile; default: "
@@ -354,7 +356,7 @@ def _run(args) -> int:
                                      f"{args.guidance}); nothing was written; try another checkpoint or sampler")
                 upscale = args.upscale or max(1, 256 // max(videos.shape[-2:]))
                 written += write_videos(videos, out / f"batch{i // args.batch_size:03d}", fps=fps, upscale=upscale,
-                                        captions=batch)
+                                        captions=batch, gif=args.gif)
                 tqdm.write("  " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in times.items()))
         if rank == 0:
             split = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in totals.items())

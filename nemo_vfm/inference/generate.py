@@ -63,8 +63,9 @@ def text_conditions(text_encoder, prompts: list[str], device=None, fps: float | 
 
 
 def write_videos(videos_NCTHW: torch.Tensor, stem: str | Path, fps: float = 8.0, upscale: int = 1,
-                 captions: list[str] | None = None) -> list[Path]:
-    """Write a grid of N videos to ``stem.mp4`` and ``stem.gif`` (and ``stem.txt`` with the captions)."""
+                 captions: list[str] | None = None, gif: bool = True) -> list[Path]:
+    """Write a grid of N videos to ``stem.mp4`` and ``stem.gif`` (no gif with ``gif=False``; and ``stem.txt`` with
+    the captions)."""
     import numpy as np
 
     from nemo_vfm.io.video import grid, tensor_to_frames, write_gif, write_video
@@ -74,7 +75,7 @@ def write_videos(videos_NCTHW: torch.Tensor, stem: str | Path, fps: float = 8.0,
         frames = frames.repeat(upscale, axis=2).repeat(upscale, axis=3)
     g = grid(frames)
     stem = Path(stem)
-    out = [write_video(stem.with_suffix(".mp4"), g, fps), write_gif(stem.with_suffix(".gif"), g, fps)]
+    out = [write_video(stem.with_suffix(".mp4"), g, fps)] + ([write_gif(stem.with_suffix(".gif"), g, fps)] if gif else [])
     if captions:
         stem.with_suffix(".txt").write_text("\n".join(captions) + "\n")
         out.append(stem.with_suffix(".txt"))

@@ -77,6 +77,10 @@ def test_text_to_video_from_a_pipeline_folder(t2v, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     frames, fps = read_video(tmp_path / "batch000.mp4")
     assert frames.shape[0] == 5 and fps == 16.0
+    assert (tmp_path / "batch000.gif").is_file()  # a gif beside the mp4 by default; --no-gif: the mp4 alone
+    rc = main(["generate", "--ckpt", str(t2v), "--prompt", "a red circle", "--out", str(tmp_path / "mp4"), "--no-gif",
+               *SIZE])
+    assert rc == 0 and sorted(p.name for p in (tmp_path / "mp4").iterdir()) == ["batch000.mp4", "batch000.txt"]
     # an I2V-only option is refused with a message
     assert main(["generate", "--ckpt", str(t2v), "--prompt", "x", "--image", "y.png", *SIZE]) == 2
     assert "--image is for image-to-video" in capsys.readouterr().err
