@@ -8,11 +8,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from nemo_vfm.models.common.embeddings import built_then_initialised
+
 
 def build_published(network: Callable[[], nn.Module], device, pretrained, load: Callable[[nn.Module, str], None]):
     """``network()`` on ``device``: unallocated for ``'meta'`` (call ``to_empty`` and ``init_weights()`` after
     parallelising); with ``pretrained``, built on meta and each tensor assigned by ``load(model, pretrained)``;
-    else initialised (``init_weights()``)."""
+    else initialised once (``init_weights()``, :func:`~nemo_vfm.models.common.embeddings.built_then_initialised`)."""
     if str(device) == "meta":
         with torch.device("meta"):
             return network()
@@ -21,7 +23,4 @@ def build_published(network: Callable[[], nn.Module], device, pretrained, load: 
             model = network()
         load(model, pretrained)
         return model.to(device or "cpu")
-    with torch.device(device or "cpu"):
-        model = network()
-    model.init_weights()
-    return model
+    return built_then_initialised(network, device)
