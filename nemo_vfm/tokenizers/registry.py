@@ -139,7 +139,7 @@ def build_tokenizer(name: str, tiling: Any = None, **kwargs) -> VideoTokenizer:
 
 def text_encoder_placed(name: str, kwargs: dict, device) -> dict:
     """``kwargs`` for building text encoder ``name`` on ``device``: on a GPU in bf16 unless ``kwargs`` name a
-    dtype (Wan, Cosmos and HunyuanVideo run UMT5 / Qwen2.5-VL so), on the CPU as saved (float32 by default). An
+    dtype (half the memory of float32), on the CPU as saved (float32 by default). An
     encoder without a ``device`` argument (``hash``) or an unknown name keeps ``kwargs``."""
     builder = TEXT_ENCODERS.get(name)
     if builder is None or "device" not in inspect.signature(builder).parameters:

@@ -8,13 +8,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from nemo_vfm.models.common.embeddings import built_then_initialised
+from nemo_vfm.models.common.build import build_initialised
 
 
 def build_published(network: Callable[[], nn.Module], device, pretrained, load: Callable[[nn.Module, str], None]):
     """``network()`` on ``device``: unallocated for ``'meta'`` (call ``to_empty`` and ``init_weights()`` after
     parallelising); with ``pretrained``, built on meta and each tensor assigned by ``load(model, pretrained)``;
-    else initialised once (``init_weights()``, :func:`~nemo_vfm.models.common.embeddings.built_then_initialised`)."""
+    else initialised once (``init_weights()``, :func:`~nemo_vfm.models.common.build.build_initialised`)."""
     if str(device) == "meta":
         with torch.device("meta"):
             return network()
@@ -23,4 +23,4 @@ def build_published(network: Callable[[], nn.Module], device, pretrained, load: 
             model = network()
         load(model, pretrained)
         return model.to(device or "cpu")
-    return built_then_initialised(network, device)
+    return build_initialised(network, device)

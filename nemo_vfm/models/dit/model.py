@@ -25,7 +25,7 @@ from nemo_vfm.models.common.attention import (
     set_attention_grid,
     sparse_settings,
 )
-from nemo_vfm.models.common.embeddings import build_model
+from nemo_vfm.models.common.build import build_initialised
 from nemo_vfm.models.common.mlp import build_mlp
 from nemo_vfm.models.common.moe import MoE, MoEConfig
 from nemo_vfm.models.common.packed import segment_gather
@@ -167,4 +167,4 @@ class DiT(DiTStem):
 def build_dit(cfg: DiTConfig, device: str | torch.device | None = None) -> DiT:
     """Build and initialise a :class:`DiT` (``device='meta'`` builds without allocating; call
     ``init_weights()`` after ``to_empty``)."""
-    return build_model(DiT, cfg, device)
+    return build_initialised(lambda: DiT(cfg), device)

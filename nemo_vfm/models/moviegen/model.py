@@ -26,7 +26,8 @@ from torch import nn
 
 from nemo_vfm.models.common.adaln import modulate
 from nemo_vfm.models.common.attention import CrossAttention, SDPACore, SelfAttention
-from nemo_vfm.models.common.embeddings import build_model, embed_conditions
+from nemo_vfm.models.common.build import build_initialised
+from nemo_vfm.models.common.embeddings import embed_conditions
 from nemo_vfm.models.common.mlp import SwiGLU
 from nemo_vfm.models.common.moe import MoE, MoEConfig
 from nemo_vfm.models.common.packed import segment_gather
@@ -73,7 +74,7 @@ class MovieGenConfig(StemConfig):
 
     def build(self, device: str | torch.device | None = None) -> "MovieGen":
         """The network (``device='meta'`` builds without allocating; call ``init_weights()`` after ``to_empty``)."""
-        return build_model(MovieGen, self, device)
+        return build_initialised(lambda: MovieGen(self), device)
 
 
 class GQAttention(nn.Module):

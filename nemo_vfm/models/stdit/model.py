@@ -27,7 +27,7 @@ from torch import nn
 
 from nemo_vfm.models.common.adaln import AdaLNModulation, modulate
 from nemo_vfm.models.common.attention import CrossAttention, SelfAttention
-from nemo_vfm.models.common.embeddings import build_model
+from nemo_vfm.models.common.build import build_initialised
 from nemo_vfm.models.common.mlp import build_mlp
 from nemo_vfm.models.common.packed import segment_gather
 from nemo_vfm.models.common.stem import DiTStem, StemConfig
@@ -87,7 +87,7 @@ class STDiTConfig(StemConfig):
 
     def build(self, device: str | torch.device | None = None) -> "STDiT":
         """The network (``device='meta'`` builds without allocating; call ``init_weights()`` after ``to_empty``)."""
-        return build_model(STDiT, self, device)
+        return build_initialised(lambda: STDiT(self), device)
 
     def has_full_attn(self, layer: int) -> bool:
         return self.full_attn_every > 0 and (layer + 1) % self.full_attn_every == 0
