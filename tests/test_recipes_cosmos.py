@@ -72,6 +72,7 @@ def test_the_recipes_are_registered_and_declare_the_release_objective():
     assert lora.lora.rank == 32 and "mlp.layer2" in lora.lora.targets
     big = catalogue._get((get_type_namespace(train), "finetune_cosmos_predict2_5_14b"))()
     assert big.model.num_layers == 36 and big.trainer.strategy.context_parallel_size == 2
+    assert big.trainer.strategy.context_parallel_kind == "a2a"
 
 
 def test_cli_dry_run(capsys):

@@ -72,7 +72,8 @@ class ParallelConfig:
     reduce_dtype: str | None = "fp32"
     """FSDP: the dtype gradients are reduced in."""
     attention_backend: str = "auto"
-    """The SDPA kernel on CUDA: ``auto`` (cuDNN first), ``cudnn``, ``flash``, ``efficient``, ``math``."""
+    """The attention kernel on CUDA: ``auto`` (cuDNN first; ring CP's blocks too, on Hopper), ``cudnn``, ``flash``,
+    ``efficient`` (not under ring CP), ``math``, ``default`` (PyTorch's order)."""
     activation_offload: bool = False
     """Tensors each block saves for backward wait in pinned host memory (``nemo_vfm.parallel.activation_offload``)."""
     block_swap: int = 0
@@ -95,10 +96,22 @@ class ParallelConfig:
             raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
                              "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
         self._check_offload()
+        self._check_attention_backend()
         # the knobs against each other, on the smallest world they fit (the world size is checked at launch)
         smallest = self.tensor_model_parallel_size * self.context_parallel_size * self.pipeline_model_parallel_size
         ep = self.expert_model_parallel_size
         ParallelDims(world_size=smallest * self.data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
+
+    def _check_attention_backend(self) -> None:
+        from nemo_vfm.parallel.attention_ops import BACKENDS as RING
+        from nemo_vfm.parallel.sdpa_backend import SDPA_BACKENDS
+
+        known = tuple(dict.fromkeys(SDPA_BACKENDS + RING))
+        if self.attention_backend not in known:
+            raise ValueError(f"attention_backend must be one of {known}, got {self.attention_backend!r}.")
+        if self.context_parallel_size > 1 and self.context_parallel_kind == "ring" and self.attention_backend not in RING:
+            raise ValueError(f"attention_backend={self.attention_backend!r} has no ring attention block kernel; with "
+                             f"context_parallel_kind='ring' use one of {RING} (or context_parallel_kind='a2a').")
 
     def _check_offload(self) -> None:
         if not isinstance(self.activation_offload, bool) or not isinstance(self.cpu_offload, bool):

@@ -230,7 +230,7 @@ def _close(a, b, tol=1e-5):
 
 
 LAYOUTS = {"FSDP2": dict(fsdp=True), "TP2": dict(tensor_model_parallel_size=2, fsdp=False),
-           "CP2+FSDP2": dict(context_parallel_size=2, fsdp=True)}  # finetune_wan_14b's layout
+           "CP2+FSDP2": dict(context_parallel_size=2, context_parallel_kind="a2a", fsdp=True)}  # finetune_wan_14b's
 
 
 @pytest.mark.slow

@@ -47,6 +47,8 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
     (dict(block_swap=-1), "block_swap must be an int >= 0"),
     (dict(activation_offload=1), "activation_offload and cpu_offload must be True or False"),
     (dict(block_swap=2, pipeline_model_parallel_size=2), "not implemented with pipeline parallelism"),
+    (dict(attention_backend="fastest"), "attention_backend must be one of"),
+    (dict(attention_backend="efficient", context_parallel_size=2), "has no ring attention block kernel"),
 ])
 def test_bad_settings_fail_when_built(kw, match):
     with pytest.raises(ValueError, match=match):
