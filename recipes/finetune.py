@@ -158,8 +158,8 @@ def finetune_wan_1_3b() -> run.Partial:
 
 @run.cli.factory(target=train)
 def finetune_wan_14b() -> run.Partial:
-    """Full fine-tuning of Wan2.1-T2V-14B: FSDP2 (bf16 compute, fp32 reduce) + context parallel 2 (all-to-all: 40
-    heads, so CP of 2, 4, 5 or 8 divides them) and full activation checkpointing; 8+ GPUs of 80 GB. All-to-all over
+    """Full fine-tuning of Wan2.1-T2V-14B: FSDP2 (bf16 compute, fp32 reduce) + context parallel 2 (all-to-all: the CP
+    size must divide the 40 heads) and full activation checkpointing; 8+ GPUs of 80 GB. All-to-all over
     ring: 7.93 vs 8.52 s/step at 480p x 81 frames on 4 H100s (318 vs 295 TFLOP/s per GPU, docs/benchmarks.md).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.finetune_wan_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
