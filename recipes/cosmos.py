@@ -104,7 +104,7 @@ def finetune_cosmos_predict2_5_2b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_cosmos_predict2_5_14b() -> run.Partial:
     """Full fine-tuning of Cosmos-Predict2.5-14B: FSDP2 + context parallel 2 (all-to-all: 40 heads) + full activation checkpointing,
-    the layout of ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed and memory not measured.
+    the layout of ``finetune_wan_14b`` (4+ GPUs of 80 GB for Wan-14B); GPU speed and memory not measured.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_cosmos_predict2_5_14b --yes model.pretrained=DIR``
     Python: ``recipe = cosmos.finetune_cosmos_predict2_5_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """

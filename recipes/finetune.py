@@ -159,7 +159,8 @@ def finetune_wan_1_3b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_wan_14b() -> run.Partial:
     """Full fine-tuning of Wan2.1-T2V-14B: FSDP2 (bf16 compute, fp32 reduce) + context parallel 2 (all-to-all: the CP
-    size must divide the 40 heads) and full activation checkpointing; 8+ GPUs of 80 GB. All-to-all over
+    size must divide the 40 heads) and full activation checkpointing; 4+ GPUs of 80 GB (64.4 GiB each on 4 H100s at
+    480p x 81 frames; 720p not measured). All-to-all over
     ring: 7.93 vs 8.52 s/step at 480p x 81 frames on 4 H100s (318 vs 295 TFLOP/s per GPU, docs/benchmarks.md).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.finetune_wan_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
@@ -267,7 +268,7 @@ def lora_wan2_2_i2v_a14b() -> run.Partial:
 def finetune_wan2_2_t2v_a14b() -> run.Partial:
     """Full fine-tuning of one expert of Wan2.2-T2V-A14B (default high noise; ``model.expert=low
     objective.expert=low`` for the other): FSDP2 + context parallel 2 (all-to-all) + full activation checkpointing, the layout of
-    ``finetune_wan_14b`` (8+ GPUs of 80 GB); GPU speed not measured. Both experts in one run: not implemented.
+    ``finetune_wan_14b`` (4+ GPUs of 80 GB); GPU speed not measured. Both experts in one run: not implemented.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan2_2_t2v_a14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.with_expert(finetune.finetune_wan2_2_t2v_a14b(), "low")``
     """
