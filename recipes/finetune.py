@@ -160,8 +160,8 @@ def finetune_wan_1_3b() -> run.Partial:
 def finetune_wan_14b() -> run.Partial:
     """Full fine-tuning of Wan2.1-T2V-14B: FSDP2 (bf16 compute, fp32 reduce) + context parallel 2 (all-to-all: the CP
     size must divide the 40 heads) and full activation checkpointing; 4+ GPUs of 80 GB (64.4 GiB each on 4 H100s at
-    480p x 81 frames; 720p not measured). All-to-all over
-    ring: 7.93 vs 8.52 s/step at 480p x 81 frames on 4 H100s (318 vs 295 TFLOP/s per GPU, docs/benchmarks.md).
+    480p x 81 frames; 720p not measured). All-to-all over ring: 7.93 vs 8.52 s/step at 480p x 81 frames on 4 H100s
+    (318 vs 295 TFLOP/s per GPU, docs/benchmarks.md).
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.finetune_wan_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
