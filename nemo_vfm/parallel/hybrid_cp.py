@@ -4,8 +4,8 @@ Under CP each rank holds a contiguous slice of every sample's t-major tokens: wh
 layout ``[t/cp, h*w]``. Then
 
 - **spatial** attention (within a frame) is local: no communication at all;
-- **temporal** attention (across frames at one location) switches layouts with one all-to-all per
-  tensor, ``[t/cp, hw] -> [t, hw/cp]``, attends locally over all ``t`` frames of its ``hw/cp``
+- **temporal** attention (across frames at one location) switches layouts with one all-to-all for q, k
+  and v together and one for the output, ``[t/cp, hw] -> [t, hw/cp]``, attends locally over all ``t`` frames of its ``hw/cp``
   locations, and switches back (:func:`frames_to_locations` / :func:`locations_to_frames`);
 - **full** attention uses the ring (``nemo_vfm.parallel.context_parallel.ring_attention``).
 
@@ -116,7 +116,9 @@ class FactorizedCPCore(nn.Module):
             return self.inner(q, k, v, hw)
         if self.mode == "hybrid":
             n = dist.get_world_size(self.group)
-            q, k, v = (frames_to_locations(t, hw, self.group) for t in (q, k, v))
+            # q, k and v in one all-to-all (and their gradients in one): a third of the collectives, each a point
+            # where the ranks wait for each other
+            q, k, v = frames_to_locations(torch.cat((q, k, v)), hw, self.group).chunk(3)
             out = self.inner(q, k, v, hw // n)  # all t frames of hw/cp locations
             return locations_to_frames(out, hw, self.group)
         b, hn, s, dh = q.shape  # ring: each location's frames are spread over the ranks in order
