@@ -106,12 +106,12 @@ class ParallelConfig:
         from nemo_vfm.parallel.attention_ops import BACKENDS as RING
         from nemo_vfm.parallel.sdpa_backend import SDPA_BACKENDS
 
-        known = tuple(dict.fromkeys(SDPA_BACKENDS + RING))
-        if self.attention_backend not in known:
-            raise ValueError(f"attention_backend must be one of {known}, got {self.attention_backend!r}.")
+        if self.attention_backend not in SDPA_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {SDPA_BACKENDS}, got {self.attention_backend!r}.")
         if self.context_parallel_size > 1 and self.context_parallel_kind == "ring" and self.attention_backend not in RING:
+            ring = tuple(b for b in SDPA_BACKENDS if b in RING)
             raise ValueError(f"attention_backend={self.attention_backend!r} has no ring attention block kernel; with "
-                             f"context_parallel_kind='ring' use one of {RING} (or context_parallel_kind='a2a').")
+                             f"context_parallel_kind='ring' use one of {ring} (or context_parallel_kind='a2a').")
 
     def _check_offload(self) -> None:
         if not isinstance(self.activation_offload, bool) or not isinstance(self.cpu_offload, bool):
