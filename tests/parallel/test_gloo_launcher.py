@@ -1,5 +1,6 @@
 """The gloo test launcher: a crash in teardown after every rank returned keeps the results (with a warning); a
-crash before a rank returns fails with that rank's error."""
+Python error in a rank fails at once with that rank's error; a native crash (a signal, no Python error) runs the
+launch once more, and fails with both crashes' stacks if it comes back."""
 
 import os
 import signal
@@ -22,11 +23,38 @@ def _crash_in_work(rank, world_size):
     return rank
 
 
+def _crash_once(rank, world_size, marker):
+    if rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.abort()
+    return rank
+
+
+def _raise_once(rank, world_size, marker):
+    if rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise ValueError("a Python error in rank 1")
+    return rank
+
+
 def test_teardown_crash_keeps_results_and_warns():
     with pytest.warns(UserWarning, match="after every rank returned"):
         assert run_distributed(_crash_in_teardown, 2) == [0, 10]
 
 
-def test_crash_before_returning_fails():
-    with pytest.raises(RuntimeError, match="SIGSEGV"):
+def test_a_crash_that_comes_back_fails_with_both_stacks():
+    with pytest.warns(UserWarning, match="launching once more"), pytest.raises(RuntimeError) as err:
         run_distributed(_crash_in_work, 2, timeout=60)
+    msg = str(err.value)
+    assert "crashed natively twice" in msg and msg.count("SIGSEGV") >= 2
+    assert "_crash_in_work" in msg  # faulthandler's Python stack of the crashing rank
+
+
+def test_a_native_crash_once_is_run_again(tmp_path):
+    with pytest.warns(UserWarning, match=r"(?s)launching once more.*SIGABRT.*_crash_once"):
+        assert run_distributed(_crash_once, 2, str(tmp_path / "crashed"), timeout=60) == [0, 1]
+
+
+def test_a_python_error_fails_at_once(tmp_path):
+    with pytest.raises(RuntimeError, match="a Python error in rank 1"):
+        run_distributed(_raise_once, 2, str(tmp_path / "raised"), timeout=60)
