@@ -8,7 +8,8 @@ with that rank's traceback.
 A rank killed by a signal before it returned (no Python error) is a native crash: every rank's
 Python stack at the crash (``faulthandler``) is kept, and the launch runs once more. CI saw one such
 crash (``malloc(): unaligned tcache chunk detected`` inside a TP2 + SP step, 2026-11-27) that did
-not come back in 51 reruns of that test (15 alone, 36 three at a time); a crash that comes back fails with both stacks.
+not come back in 51 reruns of that test (15 alone, 36 three at a time); a crash that comes back fails
+with both stacks.
 """
 
 from __future__ import annotations
