@@ -21,8 +21,7 @@ Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, t
 ``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
 attention first on CUDA). In a single process there is nothing to shard, so FSDP is skipped.
 
-``expert_model_parallel_size`` (EP) splits the experts of MoE layers over that many data-parallel ranks
-(it divides the FSDP ranks; ``nemo_vfm.parallel.expert_parallel``).
+``expert_model_parallel_size`` (EP) splits the MoE experts over that many (FSDP) ranks (``parallel.expert_parallel``).
 
 ``float8="tensorwise"|"rowwise"`` trains the blocks' MLP (``float8_modules="all"``: every) linears in FP8
 through torchao (``nemo_vfm.parallel.float8``; not with tensor parallelism); measured gains and losses are
@@ -81,6 +80,7 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         context_parallel_size: int = 1,
         context_parallel_kind: str = "ring",
         factorized_context_parallel: str = "hybrid",
+        factorized_context_parallel_chunks: int = 1,
         pipeline_model_parallel_size: int = 1,
         pipeline_schedule: str = "1f1b",
         microbatches: int | None = None,

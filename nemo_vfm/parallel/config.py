@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 # strategy knob -> the keyword the families' parallelize functions take, where the two differ
 FAMILY_KEYWORDS = {"activation_checkpointing_every": "ac_every", "fsdp_reshard_after_forward": "reshard_after_forward",
-                   "factorized_context_parallel": "factorized_cp"}
+                   "factorized_context_parallel": "factorized_cp",
+                   "factorized_context_parallel_chunks": "factorized_cp_chunks"}
 _LAYOUT = {"tensor_model_parallel_size": "tp", "sequence_parallel": "sequence_parallel", "context_parallel_size": "cp",
            "context_parallel_kind": "cp_kind", "pipeline_model_parallel_size": "pp", "pipeline_schedule": "pp_schedule",
            "microbatches": "pp_microbatches", "data_parallel_replicate_size": "dp_replicate", "fsdp": "fsdp",
@@ -36,6 +37,9 @@ class ParallelConfig:
     """``ring`` (P2P, any head count) or ``a2a`` (all-to-all / Ulysses, heads per TP rank divisible by CP)."""
     factorized_context_parallel: str = "hybrid"
     """ST-DiT under CP: spatial attention is local; temporal by all-to-all (``hybrid``) or by ring (``ring``)."""
+    factorized_context_parallel_chunks: int = 1
+    """``hybrid`` with N > 1: temporal attention's heads in N groups, each group's all-to-all overlapping another's
+    attention (N divides the heads per TP rank; needs ``context_parallel_size > 1``)."""
     pipeline_model_parallel_size: int = 1
     """PP: the blocks split into this many stages (families with pipeline stages: DiT, MovieGen)."""
     pipeline_schedule: str = "1f1b"
@@ -97,6 +101,7 @@ class ParallelConfig:
                              "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
         self._check_offload()
         self._check_attention_backend()
+        self._check_chunks()
         # the knobs against each other, on the smallest world they fit (the world size is checked at launch)
         smallest = self.tensor_model_parallel_size * self.context_parallel_size * self.pipeline_model_parallel_size
         ep = self.expert_model_parallel_size
@@ -112,6 +117,15 @@ class ParallelConfig:
             ring = tuple(b for b in SDPA_BACKENDS if b in RING)
             raise ValueError(f"attention_backend={self.attention_backend!r} has no ring attention block kernel; with "
                              f"context_parallel_kind='ring' use one of {ring} (or context_parallel_kind='a2a').")
+
+    def _check_chunks(self) -> None:
+        n = self.factorized_context_parallel_chunks
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"factorized_context_parallel_chunks must be an int >= 1, got {n!r}.")
+        if n > 1 and (self.context_parallel_size == 1 or self.factorized_context_parallel != "hybrid"):
+            raise ValueError(f"factorized_context_parallel_chunks={n} pipelines the all-to-alls of hybrid context "
+                             f"parallelism: it needs context_parallel_size > 1 and factorized_context_parallel='hybrid' "
+                             f"(got {self.context_parallel_size} and {self.factorized_context_parallel!r}); set it to 1.")
 
     def _check_offload(self) -> None:
         if not isinstance(self.activation_offload, bool) or not isinstance(self.cpu_offload, bool):

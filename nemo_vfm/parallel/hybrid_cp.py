@@ -9,6 +9,9 @@ layout ``[t/cp, h*w]``. Then
   locations, and switches back (:func:`frames_to_locations` / :func:`locations_to_frames`);
 - **full** attention uses the ring (``nemo_vfm.parallel.context_parallel.ring_attention``).
 
+With ``chunks > 1`` the temporal attention's heads go in that many groups, pipelined: each group's
+all-to-all runs while an earlier group attends (``FactorizedCPCore._pipelined``), forward and backward.
+
 The baseline that :class:`FactorizedCPCore` also offers (``mode="ring"``) keeps the ``[t/cp, hw]``
 layout and runs temporal attention as ring attention over the CP ranks (each location's frames are
 spread over the ranks): ``cp - 1`` P2P steps each moving the local keys/values, with only
@@ -35,22 +38,39 @@ def _a2a(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def _frames_to_locations(x: torch.Tensor, hw: int, group) -> torch.Tensor:
-    n = dist.get_world_size(group)
+# The layout switches as (send layout) -> all-to-all over dim 0 -> (receive layout). An all-to-all of equal
+# parts is its own inverse on these buffers, so a gradient goes back through the same all-to-all.
+def _f2l_send(x: torch.Tensor, hw: int, n: int) -> torch.Tensor:
+    """``(B, Hn, t_loc*hw, Dh)`` -> ``(n, B, Hn, t_loc, hw/n, Dh)``, dim 0: the rank whose locations they are."""
     b, hn, s, dh = x.shape
-    t_loc = s // hw
-    x = x.reshape(b, hn, t_loc, n, hw // n, dh).permute(3, 0, 1, 2, 4, 5)  # (n: location block, ...)
-    x = _a2a(x, group)  # dim 0 now: source rank = frame block
-    return x.permute(1, 2, 0, 3, 4, 5).reshape(b, hn, n * t_loc * (hw // n), dh)
+    return x.reshape(b, hn, s // hw, n, hw // n, dh).permute(3, 0, 1, 2, 4, 5)
+
+
+def _f2l_recv(y: torch.Tensor) -> torch.Tensor:
+    """``(n, B, Hn, t_loc, hw/n, Dh)``, dim 0: the rank whose frames they are -> ``(B, Hn, t*(hw/n), Dh)``."""
+    n, b, hn, t_loc, locs, dh = y.shape
+    return y.permute(1, 2, 0, 3, 4, 5).reshape(b, hn, n * t_loc * locs, dh)
+
+
+def _l2f_send(x: torch.Tensor, hw: int, n: int) -> torch.Tensor:
+    """``(B, Hn, t*(hw/n), Dh)`` -> ``(n, B, Hn, t/n, hw/n, Dh)``, dim 0: the rank whose frames they are."""
+    b, hn, s, dh = x.shape
+    t = s // (hw // n)
+    return x.reshape(b, hn, n, t // n, hw // n, dh).permute(2, 0, 1, 3, 4, 5)
+
+
+def _l2f_recv(y: torch.Tensor) -> torch.Tensor:
+    """``(n, B, Hn, t/n, hw/n, Dh)``, dim 0: the rank whose locations they are -> ``(B, Hn, (t/n)*hw, Dh)``."""
+    n, b, hn, t_loc, locs, dh = y.shape
+    return y.permute(1, 2, 3, 0, 4, 5).reshape(b, hn, t_loc * n * locs, dh)
+
+
+def _frames_to_locations(x: torch.Tensor, hw: int, group) -> torch.Tensor:
+    return _f2l_recv(_a2a(_f2l_send(x, hw, dist.get_world_size(group)), group))
 
 
 def _locations_to_frames(x: torch.Tensor, hw: int, group) -> torch.Tensor:
-    n = dist.get_world_size(group)
-    b, hn, s, dh = x.shape
-    t = s // (hw // n)
-    x = x.reshape(b, hn, n, t // n, hw // n, dh).permute(2, 0, 1, 3, 4, 5)  # (n: frame block, ...)
-    x = _a2a(x, group)  # dim 0 now: source rank = location block
-    return x.permute(1, 2, 3, 0, 4, 5).reshape(b, hn, (t // n) * hw, dh)
+    return _l2f_recv(_a2a(_l2f_send(x, hw, dist.get_world_size(group)), group))
 
 
 class _F2L(torch.autograd.Function):
@@ -79,16 +99,73 @@ def frames_to_locations(x: torch.Tensor, hw: int, group) -> torch.Tensor:
     """``(B, Hn, (t/cp)*hw, Dh)`` -> ``(B, Hn, t*(hw/cp), Dh)``, both t-major: this rank's frames of all
     locations become all frames of this rank's ``hw/cp`` locations. Autograd-aware; ``hw % cp == 0``."""
     n = dist.get_world_size(group)
+    _check_frame(hw, n)
+    return _F2L.apply(x, hw, group) if n > 1 else x
+
+
+def _check_frame(hw: int, n: int) -> None:
     if hw % n:
         raise ValueError(f"hybrid context parallel needs tokens per frame ({hw}) divisible by cp={n}; "
                          f"change the latent size or use mode='ring'.")
-    return _F2L.apply(x, hw, group) if n > 1 else x
 
 
 def locations_to_frames(x: torch.Tensor, hw: int, group) -> torch.Tensor:
     """Inverse of :func:`frames_to_locations` (``hw``: the full tokens per frame)."""
     n = dist.get_world_size(group)
     return _L2F.apply(x, hw, group) if n > 1 else x
+
+
+class _Pending:
+    """One all-to-all started without waiting (forward) and, later, its gradient's (backward)."""
+
+    __slots__ = ("work", "keep", "grad_work", "grad")
+
+
+class _Start(torch.autograd.Function):
+    """Start the all-to-all of ``x`` (dim 0: destination rank) and return its output buffer, not yet
+    filled: :class:`_Finish` waits for it. Backward waits for the gradient's all-to-all started there."""
+
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.pending = pending
+        pending.keep = x.contiguous()  # alive until the all-to-all has read it
+        out = torch.empty_like(pending.keep)
+        pending.work = dist.all_to_all_single(out, pending.keep, group=group, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.pending.grad_work.wait()
+        return ctx.pending.grad, None, None
+
+
+class _Finish(torch.autograd.Function):
+    """Wait for :class:`_Start`'s all-to-all (on CUDA: the compute stream waits, not the host). Backward starts
+    the gradient's all-to-all and returns its buffer, which only :class:`_Start`'s backward reads, after waiting."""
+
+    @staticmethod
+    def forward(ctx, buf, group, pending):
+        ctx.group, ctx.pending = group, pending
+        pending.work.wait()
+        pending.keep = None
+        return buf
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        p = ctx.pending
+        p.grad = torch.empty_like(g)
+        p.grad_work = dist.all_to_all_single(p.grad, g, group=ctx.group, async_op=True)
+        return p.grad, None, None
+
+
+def _start(x: torch.Tensor, group) -> tuple[torch.Tensor, _Pending]:
+    pending = _Pending()
+    return _Start.apply(x, group, pending), pending
+
+
+def _finish(buf: torch.Tensor, pending: _Pending, group) -> torch.Tensor:
+    return _Finish.apply(buf, group, pending)
 
 
 class FactorizedCPCore(nn.Module):
@@ -100,11 +177,14 @@ class FactorizedCPCore(nn.Module):
     local in both modes.
     """
 
-    def __init__(self, group, inner: nn.Module, mode: str = "hybrid", *, backend: str = "auto"):
+    def __init__(self, group, inner: nn.Module, mode: str = "hybrid", *, backend: str = "auto", chunks: int = 1):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"factorized CP mode must be one of {MODES}, got {mode!r}.")
-        self.group, self.inner, self.mode, self.backend = group, inner, mode, backend
+        if not isinstance(chunks, int) or chunks < 1 or (chunks > 1 and mode != "hybrid"):
+            raise ValueError(f"chunks must be an int >= 1, and > 1 only in mode 'hybrid' (it pipelines the "
+                             f"all-to-all), got chunks={chunks!r} in mode {mode!r}.")
+        self.group, self.inner, self.mode, self.backend, self.chunks = group, inner, mode, backend, chunks
         self.axis = inner.axis
 
     def forward(self, q, k, v, hw: int, mask=None):
@@ -114,6 +194,8 @@ class FactorizedCPCore(nn.Module):
                 "batches with TP/SP/FSDP, or unpacked batches with CP.")
         if self.axis == "spatial":  # whole frames are local
             return self.inner(q, k, v, hw)
+        if self.mode == "hybrid" and self.chunks > 1 and dist.get_world_size(self.group) > 1:
+            return self._pipelined(q, k, v, hw)
         if self.mode == "hybrid":
             n = dist.get_world_size(self.group)
             # q, k and v in one all-to-all (and their gradients in one): a third of the collectives, each a point
@@ -127,8 +209,27 @@ class FactorizedCPCore(nn.Module):
         return out.reshape(b, hw, hn, s // hw, dh).permute(0, 2, 3, 1, 4).reshape(b, hn, s, dh)
 
 
+    @torch.compiler.disable  # its all-to-alls are started and waited for apart: no graph to capture
+    def _pipelined(self, q, k, v, hw: int) -> torch.Tensor:
+        """Hybrid temporal attention with the heads in ``chunks`` groups: every group's q/k/v all-to-all starts
+        first, then each group attends while the later groups' all-to-alls run (and the earlier groups' outputs
+        go back). Backward overlaps the same way. Same result as one group, ``4 * chunks`` all-to-alls."""
+        n = dist.get_world_size(self.group)
+        hn = q.shape[1]
+        _check_frame(hw, n)
+        if hn % self.chunks:
+            raise ValueError(f"chunks={self.chunks} must divide the {hn} attention heads of this rank.")
+        parts = torch.cat((q, k, v)).chunk(self.chunks, dim=1)  # (3B, Hn/chunks, S_local, Dh) each
+        started = [_start(_f2l_send(x, hw, n), self.group) for x in parts]
+        outs = []
+        for buf, pending in started:
+            qc, kc, vc = _f2l_recv(_finish(buf, pending, self.group)).chunk(3)
+            outs.append(_start(_l2f_send(self.inner(qc, kc, vc, hw // n), hw, n), self.group))
+        return torch.cat([_l2f_recv(_finish(buf, pending, self.group)) for buf, pending in outs], dim=1)
+
+
 def replace_factorized_cores(blocks, group, mode: str = "hybrid", *, paths=("spatial_attn.core", "temporal_attn.core"),
-                             backend: str = "auto") -> None:
+                             backend: str = "auto", chunks: int = 1) -> None:
     """Swap the factorized cores at ``paths`` (block-relative) of every block for :class:`FactorizedCPCore`."""
     for block in blocks:
         for path in paths:
@@ -137,4 +238,4 @@ def replace_factorized_cores(blocks, group, mode: str = "hybrid", *, paths=("spa
             inner = getattr(parent, attr)
             if isinstance(inner, FactorizedCPCore):
                 continue
-            setattr(parent, attr, FactorizedCPCore(group, inner, mode, backend=backend))
+            setattr(parent, attr, FactorizedCPCore(group, inner, mode, backend=backend, chunks=chunks))

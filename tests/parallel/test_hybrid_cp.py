@@ -34,6 +34,7 @@ CFGS = {"stdit": stdit_cfg, "moviegen": moviegen_cfg}
 LAYOUTS_2 = {
     "ST-DiT CP2 hybrid": ("stdit", dict(cp=2), dict(factorized_cp="hybrid")),
     "ST-DiT CP2 ring": ("stdit", dict(cp=2), dict(factorized_cp="ring")),
+    "ST-DiT CP2 hybrid, heads in 2 pipelined groups": ("stdit", dict(cp=2), dict(factorized_cp_chunks=2)),
     "ST-DiT TP2 + SP": ("stdit", dict(tp=2, sequence_parallel=True), {}),
     "MovieGen TP2": ("moviegen", dict(tp=2), {}),
     "MovieGen FSDP2": ("moviegen", dict(), {}),
@@ -44,6 +45,8 @@ LAYOUTS_4 = {
     "ST-DiT CP4 hybrid": ("stdit", dict(cp=4), dict(factorized_cp="hybrid")),
     "ST-DiT CP2 hybrid x FSDP2 + full AC": ("stdit", dict(cp=2), dict(factorized_cp="hybrid",
                                                                        activation_checkpointing="full")),
+    "ST-DiT CP4 hybrid, 2 head groups + full AC": ("stdit", dict(cp=4), dict(factorized_cp_chunks=2,
+                                                                              activation_checkpointing="full")),
     "MovieGen TP2 (SP) x FSDP2": ("moviegen", dict(tp=2, sequence_parallel=True), {}),
 }
 
@@ -155,19 +158,19 @@ def _switch_worker(rank, world):
     x = loc[0].detach()
     same = torch.equal(locations_to_frames(frames_to_locations(x, hw, group), hw, group), x)
     out = {}
-    for mode in ("hybrid", "ring"):
+    for name, mode, chunks in (("hybrid", "hybrid", 1), ("hybrid, 3 chunks", "hybrid", 3), ("ring", "ring", 1)):
         for x in loc:
             x.grad = None
         calls = []
         a2a = dist.all_to_all_single
-        dist.all_to_all_single = lambda *a, calls=calls, a2a=a2a, **k: calls.append(1) or a2a(*a, **k)
+        dist.all_to_all_single = lambda *a, calls=calls, a2a=a2a, **k: calls.append(k.get("async_op", False)) or a2a(*a, **k)
         try:
-            got = FactorizedCPCore(group, FactorizedCore("temporal"), mode)(*loc, hw)
+            got = FactorizedCPCore(group, FactorizedCore("temporal"), mode, chunks=chunks)(*loc, hw)
             w = torch.arange(ref.numel()).view_as(ref).sin().chunk(world, dim=2)[rank]
             (got * w).sum().backward()
         finally:
             dist.all_to_all_single = a2a
-        out[mode] = {"all_to_alls": len(calls),
+        out[name] = {"all_to_alls": len(calls), "async": all(calls) and bool(calls),
             "out": (got - ref.detach().chunk(world, dim=2)[rank]).abs().max().item(),
             "grad": max((x.grad - g.chunk(world, dim=2)[rank]).abs().max().item() for x, g in zip(loc, ref_grads)),
         }
@@ -179,5 +182,16 @@ def test_temporal_attention_under_cp_matches_local():
         assert same
         for mode, e in errs.items():
             assert e["out"] < 1e-5 and e["grad"] < 1e-5, (mode, e)
-        # hybrid: q, k, v switch layout in one all-to-all and the output in another, the same in backward
+        # hybrid: q, k, v switch layout in one all-to-all and the output in another, the same in backward;
+        # in 3 head groups, 3 times as many, every one started without waiting (pipelined)
         assert errs["hybrid"]["all_to_alls"] == 4 and errs["ring"]["all_to_alls"] == 0, errs
+        assert errs["hybrid, 3 chunks"]["all_to_alls"] == 12 and errs["hybrid, 3 chunks"]["async"], errs
+
+
+def test_chunks_need_the_hybrid_mode_and_divide_the_heads():
+    from nemo_vfm.models.stdit.model import FactorizedCore
+    from nemo_vfm.parallel.hybrid_cp import FactorizedCPCore
+
+    for mode, chunks in (("ring", 2), ("hybrid", 0), ("hybrid", 1.5)):
+        with pytest.raises(ValueError, match="chunks must be an int >= 1"):
+            FactorizedCPCore(None, FactorizedCore("temporal"), mode, chunks=chunks)

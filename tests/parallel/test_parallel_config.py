@@ -36,7 +36,8 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
     assert s.parallelize_kwargs == {
         "activation_checkpointing": "full", "ac_every": 2, "compile": "auto", "fuse_qkv": True, "float8": None,
         "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32", "attention_backend": "auto",
-        "reshard_after_forward": False, "factorized_cp": "hybrid", "cpu_offload": False}
+        "reshard_after_forward": False, "factorized_cp": "hybrid", "factorized_cp_chunks": 1,
+        "cpu_offload": False}
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -49,6 +50,10 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
     (dict(block_swap=2, pipeline_model_parallel_size=2), "not implemented with pipeline parallelism"),
     (dict(attention_backend="fastest"), "attention_backend must be one of"),
     (dict(attention_backend="efficient", context_parallel_size=2), "has no ring attention block kernel"),
+    (dict(factorized_context_parallel_chunks=0), "factorized_context_parallel_chunks must be an int >= 1"),
+    (dict(factorized_context_parallel_chunks=2), "needs context_parallel_size > 1 and factorized_context_parallel="),
+    (dict(factorized_context_parallel_chunks=2, context_parallel_size=2, factorized_context_parallel="ring"),
+     "needs context_parallel_size > 1 and factorized_context_parallel="),
 ])
 def test_bad_settings_fail_when_built(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -62,6 +62,22 @@ def test_a_knob_the_family_does_not_read_fails_naming_it():
     with pytest.raises(ValueError, match=r"does not read factorized_context_parallel='ring'.*fsdp_reshard_after_forward"):
         VFMParallelStrategy(factorized_context_parallel="ring").family_knobs(family_spec(_config("wan")))
     assert "fuse_qkv" not in VFMParallelStrategy().family_knobs(spec)  # at its default: passed over silently
+    with pytest.raises(ValueError, match=r"does not read factorized_context_parallel_chunks=2"):
+        VFMParallelStrategy(factorized_context_parallel_chunks=2, context_parallel_size=2).family_knobs(
+            family_spec(_config("wan")))
+    knobs = VFMParallelStrategy(factorized_context_parallel_chunks=2, context_parallel_size=2).family_knobs(spec)
+    assert knobs["factorized_cp_chunks"] == 2
+
+
+def test_stdit_head_groups_must_divide_the_heads_per_tp_rank():
+    from nemo_vfm.models.stdit.parallelize import check_layout
+    from nemo_vfm.parallel.dims import ParallelDims
+
+    cfg = _config("stdit")
+    dims = ParallelDims(world_size=2, cp=2)
+    check_layout(cfg, dims, factorized_cp_chunks=cfg.num_heads)
+    with pytest.raises(ValueError, match=r"factorized_context_parallel_chunks=3 must divide the \d+ attention heads"):
+        check_layout(cfg, dims, factorized_cp_chunks=3)
 
 
 @pytest.mark.slow

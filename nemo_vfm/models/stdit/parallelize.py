@@ -52,16 +52,19 @@ PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln
 
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None,
-                 factorized_cp: str = "hybrid") -> None:
+                 factorized_cp: str = "hybrid", factorized_cp_chunks: int = 1) -> None:
     """Fail before building anything if ``cfg`` (an STDiTConfig) does not fit ``dims``.
 
     Under CP the frames must split evenly over the ranks (t % cp) and, for the hybrid scheme, the
-    tokens per frame too (h*w % cp).
+    tokens per frame too (h*w % cp); ``factorized_cp_chunks`` head groups divide the heads per TP rank.
     """
     if factorized_cp not in MODES:
         raise ValueError(f"factorized_cp must be one of {MODES}, got {factorized_cp!r}")
     if dims.pp > 1:
         raise NotImplementedError("pipeline parallelism is not implemented for ST-DiT; use TP/CP/FSDP.")
+    if dims.cp > 1 and (cfg.num_heads // dims.tp) % factorized_cp_chunks:
+        raise ValueError(f"factorized_context_parallel_chunks={factorized_cp_chunks} must divide the "
+                         f"{cfg.num_heads // dims.tp} attention heads per tensor-parallel rank.")
     tokens = None
     if latent_shape is not None:
         pt, ph, pw = cfg.patch_size
@@ -81,6 +84,7 @@ def parallelize_stdit(
     pmesh: ParallelMesh,
     *,
     factorized_cp: str = "hybrid",
+    factorized_cp_chunks: int = 1,
     activation_checkpointing: str = "none",
     ac_every: int = 2,
     compile: bool = False,
@@ -95,7 +99,7 @@ def parallelize_stdit(
     """Apply TP/SP, (hybrid) CP, FP8 linears (``nemo_vfm.parallel.float8``), activation checkpointing, compile
     and FSDP to ``model`` in place; return it."""
     d = pmesh.dims
-    check_layout(model.cfg, d, factorized_cp=factorized_cp)
+    check_layout(model.cfg, d, factorized_cp=factorized_cp, factorized_cp_chunks=factorized_cp_chunks)
     check_float8(float8, float8_modules, d.tp)
     blocks = model.blocks
     if d.tp > 1:
@@ -103,7 +107,8 @@ def parallelize_stdit(
                               sp_input_arity=SP_INPUT_ARITY, optional=TP_OPTIONAL)
     if d.cp > 1:
         group = pmesh.group("cp")
-        replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend)
+        replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend,
+                                 chunks=factorized_cp_chunks)
         parent_path, _, attr = FULL_ATTENTION_CORE.rpartition(".")
         for block in blocks:
             if getattr(block, "has_full", False):
@@ -127,6 +132,7 @@ parallelize = parallelize_stdit  # the family-generic name
 
 
 SPEC = FamilySpec(name="stdit", config=STDiTConfig, parallelize=parallelize_stdit, check_layout=check_layout,
-                  knobs=(DIT_KNOBS - {"fuse_qkv"}) | {"factorized_cp"}, layout_knobs=frozenset({"factorized_cp"}),
+                  knobs=(DIT_KNOBS - {"fuse_qkv"}) | {"factorized_cp", "factorized_cp_chunks"},
+                  layout_knobs=frozenset({"factorized_cp", "factorized_cp_chunks"}),
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
                   pp_duplicated=PP_DUPLICATED, flops=stdit_forward_flops)
