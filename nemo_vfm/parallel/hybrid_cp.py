@@ -208,7 +208,6 @@ class FactorizedCPCore(nn.Module):
         out = cpl.ring_attention(fold(q), fold(k), fold(v), self.group, backend=self.backend)
         return out.reshape(b, hw, hn, s // hw, dh).permute(0, 2, 3, 1, 4).reshape(b, hn, s, dh)
 
-
     @torch.compiler.disable  # its all-to-alls are started and waited for apart: no graph to capture
     def _pipelined(self, q, k, v, hw: int) -> torch.Tensor:
         """Hybrid temporal attention with the heads in ``chunks`` groups: every group's q/k/v all-to-all starts
