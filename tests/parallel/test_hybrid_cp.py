@@ -188,6 +188,37 @@ def test_temporal_attention_under_cp_matches_local():
         assert errs["hybrid, 3 chunks"]["all_to_alls"] == 12 and errs["hybrid, 3 chunks"]["async"], errs
 
 
+def _schedule_worker(rank, world):
+    from nemo_vfm.models.stdit.model import FactorizedCore
+    from nemo_vfm.parallel.hybrid_cp import FactorizedCPCore
+
+    events = []
+    a2a = dist.all_to_all_single
+
+    class Recorded(FactorizedCore):
+        def forward(self, *a, **k):
+            events.append("attend")
+            return super().forward(*a, **k)
+
+    dist.all_to_all_single = lambda *a, **k: events.append("a2a") or a2a(*a, **k)
+    try:
+        q, k, v = (torch.randn(1, 4, 2 * 4, 8, requires_grad=True) for _ in range(3))  # 2 local frames of 4 tokens
+        out = FactorizedCPCore(dist.group.WORLD, Recorded("temporal"), "hybrid", chunks=2)(q, k, v, 4)
+        forward = list(events)
+        out.sum().backward()
+    finally:
+        dist.all_to_all_single = a2a
+    return forward, events[len(forward):]
+
+
+def test_head_groups_start_every_all_to_all_before_waiting():
+    """Forward: both groups' q/k/v all-to-alls are in flight before the first group attends, and each group's
+    output starts back before the next group attends; backward runs the 4 gradient all-to-alls."""
+    for forward, backward in run_distributed(_schedule_worker, 2):
+        assert forward == ["a2a", "a2a", "attend", "a2a", "attend", "a2a"], forward
+        assert backward == ["a2a"] * 4, backward
+
+
 def test_chunks_need_the_hybrid_mode_and_divide_the_heads():
     from nemo_vfm.models.stdit.model import FactorizedCore
     from nemo_vfm.parallel.hybrid_cp import FactorizedCPCore
