@@ -72,10 +72,10 @@ def _launch(fn, world_size: int, args, timeout: float) -> list:
                               stacklevel=3)
                 return [d["ok"] for d in saved]
             errors = [f"rank {r}:\n{d['error']}" for r, d in enumerate(saved) if "error" in d]
-            if errors:
-                raise RuntimeError("\n".join(errors)) from None
+            if errors or getattr(exc, "signal_name", None) is None:  # a Python error, or an exit before _entry ran
+                raise RuntimeError("\n".join(errors) or str(exc)) from None
             stacks = [f"rank {r} at the crash:\n{s}" for r in range(world_size)
-                      if (s := Path(out_dir, f"{r}.fault").read_text().strip())]
+                      if (f := Path(out_dir, f"{r}.fault")).exists() and (s := f.read_text().strip())]
             raise _NativeCrash("\n".join([str(exc), *stacks])) from None
         return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)["ok"] for r in range(world_size)]
 

@@ -1,5 +1,5 @@
 """The gloo test launcher: a crash in teardown after every rank returned keeps the results (with a warning); a
-Python error in a rank fails at once with that rank's error; a native crash (a signal, no Python error) runs the
+Python error in a rank, or an exit code without a signal, fails at once; a native crash (a signal, no Python error) runs the
 launch once more, and fails with both crashes' stacks if it comes back."""
 
 import os
@@ -27,6 +27,13 @@ def _crash_once(rank, world_size, marker):
     if rank == 1 and not os.path.exists(marker):
         open(marker, "w").close()
         os.abort()
+    return rank
+
+
+def _exit_with_a_code(rank, world_size, marker):
+    if rank == 1:
+        open(marker, "a").write("x")
+        os._exit(3)
     return rank
 
 
@@ -58,3 +65,10 @@ def test_a_native_crash_once_is_run_again(tmp_path):
 def test_a_python_error_fails_at_once(tmp_path):
     with pytest.raises(RuntimeError, match="a Python error in rank 1"):
         run_distributed(_raise_once, 2, str(tmp_path / "raised"), timeout=60)
+
+
+def test_an_exit_code_without_a_signal_fails_at_once(tmp_path):
+    marker = tmp_path / "exits"
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        run_distributed(_exit_with_a_code, 2, str(marker), timeout=60)
+    assert marker.read_text() == "x"  # launched once: only a signal counts as a native crash

@@ -198,7 +198,9 @@ def _schedule_worker(rank, world):
     class Recorded(FactorizedCore):
         def forward(self, *a, **k):
             events.append("attend")
-            return super().forward(*a, **k)
+            out = super().forward(*a, **k)
+            out.register_hook(lambda g: events.append("attend backward"))  # its gradient arrived: backward next
+            return out
 
     dist.all_to_all_single = lambda *a, **k: events.append("a2a") or a2a(*a, **k)
     try:
@@ -213,10 +215,11 @@ def _schedule_worker(rank, world):
 
 def test_head_groups_start_every_all_to_all_before_waiting():
     """Forward: both groups' q/k/v all-to-alls are in flight before the first group attends, and each group's
-    output starts back before the next group attends; backward runs the 4 gradient all-to-alls."""
+    output starts back before the next group attends. Backward: both output-gradient all-to-alls start before the
+    last group's attention backward, whose q/k/v-gradient all-to-all starts before the first group's."""
     for forward, backward in run_distributed(_schedule_worker, 2):
         assert forward == ["a2a", "a2a", "attend", "a2a", "attend", "a2a"], forward
-        assert backward == ["a2a"] * 4, backward
+        assert backward == ["a2a", "a2a", "attend backward", "a2a", "attend backward", "a2a"], backward
 
 
 def test_chunks_need_the_hybrid_mode_and_divide_the_heads():
