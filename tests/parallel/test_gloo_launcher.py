@@ -1,6 +1,6 @@
 """The gloo test launcher: a crash in teardown after every rank returned keeps the results (with a warning); a
-Python error in a rank, or an exit code without a signal, fails at once; a native crash (a signal, no Python error) runs the
-launch once more, and fails with both crashes' stacks if it comes back."""
+Python error in a rank, or an exit code without a signal, fails at once; a native crash (a signal, no Python
+error) runs the launch once more, and fails with both crashes' stacks if it comes back."""
 
 import os
 import signal
