@@ -22,8 +22,6 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 STEPS = ("synthesize", "curate", "prepare", "train", "generate")
 PROMPTS = ("a red circle moving left on a black background", "a blue square moving up")
 
@@ -113,8 +111,9 @@ def build_tasks(workdir: str, *, steps=STEPS[1:], raw: str | None = None, synthe
 
 def single_process(executor):
     """The executor for the one-process steps (synthesize, curate, generate): one node, one task."""
-    import executors
     import nemo_run as run
+
+    from nemo_vfm_recipes import executors
 
     ex = executors.clone(executor)
     ex.launcher = None
@@ -145,8 +144,9 @@ def for_pods(name: str, task, torchrun: bool = False):
 
 def build_experiment(title: str, tasks, executor):
     """A ``run.Experiment`` with every task chained to the one before (``dependencies``)."""
-    import executors
     import nemo_run as run
+
+    from nemo_vfm_recipes import executors
 
     exp = run.Experiment(title, log_level="WARN")
     exp.__enter__()
@@ -161,8 +161,9 @@ def build_experiment(title: str, tasks, executor):
 
 def print_dryrun(exp) -> list[str]:
     """Print (and return) every generated script: sbatch files, local commands, Kubernetes TrainJobs."""
-    import executors
     import yaml
+
+    from nemo_vfm_recipes import executors
 
     out = []
     for job in exp.jobs:
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--factory", default="quickstart", help="training recipe factory")
     p.add_argument("--executor", default="local", choices=("local", "slurm", "kubernetes"))
     p.add_argument("-E", "--executor-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="executor argument (see launchers/executors.py), e.g. -E account=proj -E nodes=2")
+                   help="executor argument (see nemo_vfm_recipes.executors), e.g. -E account=proj -E nodes=2")
     p.add_argument("--curate-engine", default="local", choices=("local", "ray"))
     p.add_argument("--title", default="vfm_pipeline", help="experiment title")
     p.add_argument("--dryrun", action="store_true", help="print every generated script/manifest; submit nothing")
@@ -201,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", metavar="EXP_ID", help="print the logs of an experiment's steps")
     args = p.parse_args(argv)
 
-    import executors
     import nemo_run as run
+
+    from nemo_vfm_recipes import executors
 
     if args.status or args.logs:
         with run.Experiment.from_id(args.status or args.logs) as exp:

@@ -2,8 +2,8 @@
 
 Each subcommand lives in its own module under ``nemo_vfm.cli`` exposing ``add_arguments(parser)``
 and ``run(args) -> int``; modules are imported only when their subcommand runs, so ``vfm --help``
-stays fast. Training itself goes through ``launchers/train.py`` (NeMo-Run CLI); ``vfm train``
-forwards to it.
+stays fast. ``vfm train`` is the NeMo-Run CLI over the recipes (:mod:`nemo_vfm_recipes.launch`, the same as
+``python launchers/train.py`` in a checkout).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def user_errors() -> tuple[type, ...]:
 
 # name -> (module, one-line help). Add a subcommand by adding a module and a row here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("nemo_vfm.cli.train", "train from a recipe factory (forwards to launchers/train.py)"),
+    "train": ("nemo_vfm.cli.train", "train from a recipe factory (NeMo-Run CLI, as launchers/train.py)"),
     "generate": ("nemo_vfm.cli.generate", "sample videos from a trained checkpoint"),
     "evaluate": ("nemo_vfm.cli.evaluate", "score samples of a checkpoint trained on the synthetic shapes data"),
     "curate": ("nemo_vfm.cli.curate", "curate raw videos into captioned clips in webdataset shards (Ray)"),

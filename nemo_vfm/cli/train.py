@@ -1,11 +1,14 @@
-"""``vfm train ...``: the same as ``python launchers/train.py ...`` (NeMo-Run CLI over the recipes)."""
+"""``vfm train ...``: the same as ``python launchers/train.py ...`` (NeMo-Run CLI over the recipes).
+
+The CLI lives in :mod:`nemo_vfm_recipes.launch` (the recipes layer, installed with nemo-vfm); it is imported by
+name only when the command runs, so importing ``nemo_vfm`` never imports fiddle or nemo-run.
+"""
 
 import argparse
-import runpy
-import sys
-from pathlib import Path
+import importlib
 
 ACCEPTS_EXTRA = True
+LAUNCH = "nemo_vfm_recipes.launch"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,10 +16,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    launcher = Path(__file__).resolve().parents[2] / "launchers" / "train.py"
-    if not launcher.exists():
-        raise SystemExit(f"vfm train needs the source checkout (launchers/train.py not found at {launcher})")
     argv = (["--factory", args.factory] if args.factory else []) + args.extra
-    sys.path.insert(0, str(launcher.parent))  # as when the script runs: its siblings (executors.py) import
-    module = runpy.run_path(str(launcher))
-    return module["main"](argv)
+    return importlib.import_module(LAUNCH).main(argv, "vfm train")

@@ -1,4 +1,4 @@
-"""launchers/executors.py: argument checks before submission, CLI registration, the exact Slurm dryrun scripts."""
+"""nemo_vfm_recipes.executors (recipes/executors.py): argument checks before submission, CLI registration, the exact Slurm dryrun scripts."""
 
 import importlib.util
 import os
@@ -26,7 +26,9 @@ def _load(name):
 
 @pytest.fixture(scope="module")
 def executors():
-    return _load("executors")
+    import nemo_vfm_recipes.executors
+
+    return nemo_vfm_recipes.executors
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ def manifests(tmp_path_factory):
     old_home = config.get_nemorun_home()
     config.set_nemorun_home(str(tmp_path_factory.mktemp("nemorun")))
     experiment = _load("experiment")
-    executors = sys.modules.get("executors") or _load("executors")
+    executors = importlib.import_module("nemo_vfm_recipes.executors")
     ex = executors.kubernetes_executor("ghcr.io/example/nemo-vfm:0.1", nodes=2, gpus_per_node=8, cpu="32",
                                        memory="512Gi", pvcs=["vfm-data:/data"], env_vars={"HF_HOME": "/data/hf"},
                                        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists",
@@ -155,7 +155,7 @@ def test_train_config_travels_inline_and_rebuilds(manifests):
 
 
 def test_kubernetes_executor_needs_an_image_and_checks_arguments():
-    executors = sys.modules.get("executors") or _load("executors")
+    executors = importlib.import_module("nemo_vfm_recipes.executors")
     with pytest.raises(ValueError, match="image is required"):
         executors.kubernetes_executor("")
     with pytest.raises(ValueError, match="claim-name:/mount/path"):

@@ -69,7 +69,7 @@ def submitted(cluster, tmp_path_factory):
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{old_path}"  # the jobs run this venv's python
     sys.stdin = open(os.devnull)  # nemo-run's shell calls (invoke) read stdin
     try:
-        executors = _load("executors", ROOT / "launchers" / "executors.py")
+        executors = importlib.import_module("nemo_vfm_recipes.executors")
         experiment = _load("experiment", ROOT / "launchers" / "experiment.py")
         ex = executors.slurm_executor("local", "debug", gpus_per_node=0, time="00:10:00", packager="none")
         assert ex.tunnel.job_dir == os.path.join(config.get_nemorun_home(), "experiments")
