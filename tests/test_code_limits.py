@@ -1,5 +1,5 @@
-"""The package's size limits, kept (small files with names that explain themselves): no file in nemo_vfm over 400
-lines, no function over 60 lines in nemo_vfm/lightning/ or nemo_vfm/train.py (where one training step and one run
+"""The package's size guide (small files with names that explain themselves): no file in nemo_vfm over ~500 lines
+(a flag for review, not a cap to squeeze code under), no function over 60 lines in nemo_vfm/lightning/ or nemo_vfm/train.py (where one training step and one run
 are read top to bottom)."""
 
 import ast
@@ -8,10 +8,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "nemo_vfm"
 
 
-def test_no_file_over_400_lines():
+def test_no_file_over_500_lines():
     long = {str(f.relative_to(PACKAGE)): n for f in PACKAGE.rglob("*.py")
-            if (n := len(f.read_text().splitlines())) > 400}
-    assert not long, f"split these files (over 400 lines): {long}"
+            if (n := len(f.read_text().splitlines())) > 500}
+    assert not long, f"split these files (over 500 lines): {long}"
 
 
 def test_no_function_over_60_lines_in_the_training_loop():

@@ -87,6 +87,7 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         fsdp: bool = True,
         fsdp_reshard_after_forward: bool = True,
         overlap_grad_reduce: bool = True,
+        grad_reduce_bucket_mb: float = 100.0,
         data_parallel_replicate_size: int = 1,
         expert_model_parallel_size: int = 1,
         activation_checkpointing: str = "none",
@@ -229,9 +230,11 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         dims = self.dims
         if (self.config.overlap_grad_reduce and not dims.fsdp and dims.tp == 1 and not self.pipeline_parallel
                 and self.parallel_mesh.size("dp_cp") > 1 and self._grad_reducer is None):
+            from nemo_vfm.parallel.fsdp import DTYPES
             from nemo_vfm.parallel.grad_reduce import GradReducer
 
-            self._grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"))
+            self._grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"),
+                                             self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype])
 
     def streams_weights(self, model_config) -> bool:
         """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed

@@ -22,7 +22,7 @@ _LAYOUT = {"tensor_model_parallel_size": "tp", "sequence_parallel": "sequence_pa
            "microbatches": "pp_microbatches", "data_parallel_replicate_size": "dp_replicate", "fsdp": "fsdp",
            "expert_model_parallel_size": "ep"}
 # read by the strategy itself, neither layout nor family knobs
-_STRATEGY_ONLY = ("overlap_grad_reduce", "activation_offload", "block_swap")
+_STRATEGY_ONLY = ("overlap_grad_reduce", "grad_reduce_bucket_mb", "activation_offload", "block_swap")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +55,8 @@ class ParallelConfig:
     """False: each block keeps its gathered weights from forward to backward (ZeRO-2: one all-gather per step)."""
     overlap_grad_reduce: bool = True
     """Plain data parallel: all-reduce gradients in buckets during backward (``nemo_vfm.parallel.grad_reduce``)."""
+    grad_reduce_bucket_mb: float = 100.0
+    """Plain data parallel with ``overlap_grad_reduce``: the size of one gradient bucket (MiB of gradients)."""
     data_parallel_replicate_size: int = 1
     """With FSDP: replicas of the sharded group (HSDP)."""
     expert_model_parallel_size: int = 1
@@ -74,7 +76,8 @@ class ParallelConfig:
     param_dtype: str | None = "bf16"
     """FSDP: the dtype parameters are gathered in for compute."""
     reduce_dtype: str | None = "fp32"
-    """FSDP: the dtype gradients are reduced in."""
+    """FSDP, and plain data parallel's bucketed all-reduce: the dtype gradients are reduced in (``bf16`` moves half
+    the bytes of ``fp32``; the optimizer still receives gradients in the parameters' dtype)."""
     attention_backend: str = "auto"
     """The attention kernel on CUDA: ``auto`` (cuDNN first; ring CP's blocks too, on Hopper), ``cudnn``, ``flash``,
     ``efficient`` (not under ring CP), ``math``, ``default`` (PyTorch's order)."""
@@ -99,6 +102,8 @@ class ParallelConfig:
         if self.expert_model_parallel_size > 1 and not self.fsdp:
             raise ValueError("expert_model_parallel_size > 1 splits experts over data-parallel ranks that shard the rest "
                              "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
+        if not isinstance(self.grad_reduce_bucket_mb, (int, float)) or self.grad_reduce_bucket_mb <= 0:
+            raise ValueError(f"grad_reduce_bucket_mb must be a number > 0 (MiB), got {self.grad_reduce_bucket_mb!r}.")
         self._check_offload()
         self._check_attention_backend()
         self._check_chunks()

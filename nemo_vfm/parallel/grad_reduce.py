@@ -9,6 +9,10 @@ asynchronously while backward goes on with earlier blocks. :meth:`GradReducer.fi
 what has not started, waits, and leaves every gradient averaged over the group. The last bucket to complete
 (the first layers and the embedders) is the only exposed communication.
 
+``reduce_dtype`` (e.g. bf16) halves the bytes an fp32 bucket moves: the bucket is cast before its all-reduce and
+the average cast back into the gradients' dtype (the optimizer still sees fp32 gradients); None reduces in the
+gradients' own dtype.
+
 Every rank must produce gradients for the same parameters (as for one flat all-reduce); a parameter without a
 gradient on every rank is left out of its bucket's reduction.
 """
@@ -26,10 +30,12 @@ class GradReducer:
     ``enabled``: whether the hooks reduce during the next backward (off for backwards that only accumulate,
     e.g. the first micro-batches of ``accumulate_grad_batches``; :meth:`finish` then reduces everything)."""
 
-    def __init__(self, params: list[nn.Parameter], group, bucket_mb: float = 100.0):
+    def __init__(self, params: list[nn.Parameter], group, bucket_mb: float = 100.0,
+                 reduce_dtype: torch.dtype | None = None):
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
         self.group, self.size = group, dist.get_world_size(group)
+        self.reduce_dtype = reduce_dtype
         # NCCL: AVG, asynchronous. gloo (CPU tests) has no AVG (sum, then divide) and its asynchronous all-reduce
         # aborted the process now and then when launched from backward hooks: there each bucket is reduced
         # synchronously inside its hook (same buckets, same order, no overlap).
@@ -63,6 +69,8 @@ class GradReducer:
         if not params:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in params])
+        if self.reduce_dtype is not None and flat.dtype != self.reduce_dtype:
+            flat = flat.to(self.reduce_dtype)
         work = dist.all_reduce(flat, op=dist.ReduceOp.AVG if self.nccl else dist.ReduceOp.SUM, group=self.group,
                                async_op=self.nccl)
         self._pending.append((i, flat, params, work))
@@ -78,6 +86,8 @@ class GradReducer:
                 work.wait()
             if not self.nccl:
                 flat.div_(self.size)
+            if flat.dtype != params[0].grad.dtype:
+                flat = flat.to(params[0].grad.dtype)
             off = 0
             for p in params:
                 n = p.grad.numel()

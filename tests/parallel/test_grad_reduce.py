@@ -13,13 +13,13 @@ def _net():
                                torch.nn.Linear(16, 4))
 
 
-def _grads_with_reducer(rank, world, bucket_mb, micro_batches):
+def _grads_with_reducer(rank, world, bucket_mb, micro_batches, reduce_dtype=None):
     import torch.distributed as dist
 
     from nemo_vfm.parallel.grad_reduce import GradReducer
 
     net = _net()
-    reducer = GradReducer(list(net.parameters()), dist.group.WORLD, bucket_mb=bucket_mb)
+    reducer = GradReducer(list(net.parameters()), dist.group.WORLD, bucket_mb=bucket_mb, reduce_dtype=reduce_dtype)
     inputs = [torch.randn(3, 8, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(micro_batches)]
     for i, x in enumerate(inputs):
         reducer.enabled = i == micro_batches - 1  # the last micro-batch reduces
@@ -45,6 +45,17 @@ def test_bucketed_reduce_equals_the_average_of_the_ranks(bucket_mb, micro_batche
         assert buckets == (6 if bucket_mb < 1 else 1)  # one bucket per parameter when tiny, else one
         for a, b in zip(mine, ref):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_bf16_reduce_leaves_fp32_gradients_close_to_the_average():
+    """``reduce_dtype=bf16``: the bucket travels in bf16 (an fp32 one would match to 1e-6), the gradients come back
+    in fp32 and equal the average to bf16's precision."""
+    for mine, ref, _ in run_distributed(_grads_with_reducer, 2, 100.0, 2, torch.bfloat16):
+        for a, b in zip(mine, ref):
+            assert a.dtype == torch.float32
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
+        assert any(not torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(mine, ref))
+        assert all(torch.equal(a, a.bfloat16().float()) for a in mine)  # values a bf16 sum can hold
 
 
 def test_bucket_size_must_be_positive():
