@@ -69,7 +69,12 @@ def _with_parallel_strategy(factory):
 
 def run_cli(target, argv: list[str], prog: str) -> int:
     """NeMo-Run's CLI over ``target`` (``--factory``, ``--yes``, ``--dryrun``, ``--to-yaml``, dotted overrides),
-    returning an exit code: unlike ``run.cli.main``, an unknown factory or a bad override is non-zero.
+    returning an exit code: unlike ``run.cli.main``, an unknown factory or a bad override is non-zero (2).
+
+    A designed stop or configuration error of the run (:func:`nemo_vfm.errors.user_message`: e.g. training stopped
+    on NaN/Inf, a refused checkpoint, a config check) prints as one line, ``error: <the project's sentence>``, and
+    returns 1 (``[rank R]`` before the sentence under torchrun); any other exception propagates with its traceback.
+    ``-v`` gives every error its traceback.
 
     ``trainer.strategy.<knob>=value`` works on every factory: where the recipe names a Lightning strategy
     (``"auto"``), it becomes a ``VFMParallelStrategy`` first; an unknown knob exits 2 naming the valid ones."""
@@ -103,5 +108,48 @@ def run_cli(target, argv: list[str], prog: str) -> int:
     entry = run.cli.entrypoint(namespace="vfm")(target)
     app = typer.Typer(pretty_exceptions_enable=False)
     entry.cli_entrypoint._add_command(app, is_main=True)
-    rc = app(args=argv, prog_name=prog, standalone_mode=False)
+    _propagate_errors(app)
+    try:
+        rc = app(args=argv, prog_name=prog, standalone_mode=False)
+    except Exception as e:
+        code, message = _user_error(e)
+        if code is None or "-v" in argv or "--verbose" in argv:
+            raise  # a bug or an environment failure (or -v): the traceback
+        print(f"error: {_rank_prefix()}{message}", file=sys.stderr)
+        return code
     return rc if isinstance(rc, int) else 0
+
+
+def _propagate_errors(app) -> None:
+    """Make nemo-run's commands on ``app`` raise what the task raises: without ``-v`` nemo-run prints any exception
+    as ``Unexpected error: ...`` (our designed stops included) and drops the traceback of the real surprises."""
+    import functools
+
+    for info in app.registered_commands:
+        @functools.wraps(info.callback)  # typer reads the parameters through __wrapped__
+        def command(*args, _callback=info.callback, **kwargs):
+            return _callback(*args, **{**kwargs, "verbose": True} if "verbose" in kwargs else kwargs)
+
+        info.callback = command
+
+
+def _user_error(e: Exception) -> tuple[int | None, str]:
+    """``(exit code, one-line message)`` of an error the user can act on: a bad command line (nemo-run's parse and
+    option errors: 2) or the project's own designed stop or configuration error (:func:`nemo_vfm.errors.
+    user_message`: 1); ``(None, "")`` for anything else."""
+    from nemo_run.cli.api import RunContextError
+    from nemo_run.cli.cli_parser import CLIException
+
+    from nemo_vfm.errors import user_message
+
+    if isinstance(e, (CLIException, RunContextError)):
+        return 2, str(e)
+    message = user_message(e, ("nemo_vfm", "nemo_vfm_recipes"))
+    return (None, "") if message is None else (1, message)
+
+
+def _rank_prefix() -> str:
+    """``"[rank R] "`` in a multi-process run (each rank prints its own stop; torchrun reports the exit codes)."""
+    import os
+
+    return f"[rank {os.environ.get('RANK', '?')}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""

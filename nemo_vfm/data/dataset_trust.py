@@ -23,12 +23,14 @@ import os
 import warnings
 from pathlib import Path
 
+from nemo_vfm.errors import VFMError
+
 TRUSTED_PACKAGES = ("megatron.energon", "nemo_vfm")
 CODE_KEYS = ("sample_loader", "part_filter")  # a string here names a Python file that Energon executes
 OPT_IN = "if you trust the dataset, pass allow_dataset_code=True to the data module (data.allow_dataset_code=true)"
 
 
-class UnsafeDatasetError(ValueError):
+class UnsafeDatasetError(VFMError, ValueError):
     """A dataset yaml that names code outside the allow-list."""
 
 

@@ -19,10 +19,12 @@ import time
 import warnings
 from pathlib import Path
 
+from nemo_vfm.errors import VFMError
+
 _HELD: dict[str, RunLock] = {}
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(VFMError, RuntimeError):
     """Another running process holds the lock of this folder."""
 
 

@@ -29,10 +29,12 @@ from pathlib import Path
 
 import torch
 
+from nemo_vfm.errors import VFMError
+
 PACKAGE = "nemo_vfm"
 
 
-class UnsafeCheckpointError(ValueError):
+class UnsafeCheckpointError(VFMError, ValueError):
     """A file that would need arbitrary unpickling (or that is not a ``torch.save`` archive)."""
 
 

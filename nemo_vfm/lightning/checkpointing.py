@@ -28,6 +28,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
+from nemo_vfm.errors import VFMError
 from nemo_vfm.io.checkpoint_files import (  # noqa: F401  (re-exported)
     CKPT_RE,
     checkpoint_step,
@@ -40,7 +41,7 @@ from nemo_vfm.io.checkpoint_files import (  # noqa: F401  (re-exported)
 )
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(VFMError, OSError):
     """A checkpoint could not be written (e.g. the disk is full); the previous checkpoints are intact."""
 
 

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from nemo_vfm.errors import VFMError
 from nemo_vfm.lightning.callbacks import StepEndCallback
 
 POLICIES = ("stop", "skip")
@@ -40,7 +41,7 @@ POLICIES = ("stop", "skip")
 _TOTAL, _STREAK, _LONGEST, _FIRST, _START, _LOSS, _LOSS_STEP = range(7)
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(VFMError, RuntimeError):
     """Training stopped (or a save was refused) because of NaN/Inf loss, gradients or weights."""
 
 
