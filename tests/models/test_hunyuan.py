@@ -90,6 +90,30 @@ def test_meanflow_and_patches_match_diffusers():
     assert (got - want).abs().max() <= 1e-5 * max(1.0, want.abs().max().item())
 
 
+def test_a_diffusers_folder_with_another_mlp_ratio_loads_and_matches(tmp_path):
+    """diffusers builds its token refiner with MLPs of 4 x hidden whatever the transformer's ``mlp_ratio``: a folder
+    saved by diffusers with ``mlp_ratio=3`` loads into our model (refiner 128 wide, blocks 96) and matches it."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    cfg = tiny(mlp_ratio=3.0)
+    torch.manual_seed(5)
+    ref = HunyuanVideo15Transformer3DModel(**C.config_to_diffusers(cfg)).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    refiner_ff = ref.context_embedder.token_refiner.refiner_blocks[0].ff.net[0].proj
+    assert refiner_ff.out_features == 4 * cfg.hidden_size and cfg.mlp_size == 3 * cfg.hidden_size
+    ref.save_pretrained(tmp_path / "hv")
+    assert C.read_config(tmp_path / "hv") == cfg
+    net = HunyuanVideoConfig(**{**vars(cfg), "pretrained": str(tmp_path / "hv")}).build().eval()
+    x, t, ctx, mask, glyph, gmask, cond, img = inputs(cfg, i2v=True)
+    want = diffusers_forward(ref, x, t, ctx, mask, glyph, gmask, cond, img)
+    with torch.no_grad():
+        got = net(x, t, ctx, mask, cond_latents=cond, image_embeds=img, glyph_context=glyph, glyph_mask=gmask)
+    assert (got - want).abs().max() <= 1e-5 * max(1.0, want.abs().max().item())
+    assert C.to_diffusers(net.state_dict()).keys() == ref.state_dict().keys()
+
+
 def test_converters_round_trip_and_folders(tmp_path):
     cfg = tiny()
     state = randomized(cfg).state_dict()

@@ -25,9 +25,10 @@ def measured(net, *args, **kwargs) -> tuple[int, int]:
     return sum(counts.values()), attention
 
 
-@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v-glyph-meanflow"])
+@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v-glyph-meanflow-mlp3"])
 def test_flops_equal_the_measured_forward(i2v):
-    cfg = hunyuan_config("tiny", patch_size=(1, 2, 2), use_meanflow=i2v)
+    """The I2V case also has ``mlp_ratio=3``: the blocks' MLPs 3 D wide, the token refiner's 4 D."""
+    cfg = hunyuan_config("tiny", patch_size=(1, 2, 2), use_meanflow=i2v, **({"mlp_ratio": 3.0} if i2v else {}))
     net = cfg.build().eval()
     x, t = torch.randn(B, cfg.out_channels, 3, 8, 4), torch.rand(B)
     ctx, mask = torch.randn(B, 5, cfg.text_dim), torch.ones(B, 5, dtype=torch.bool)

@@ -67,10 +67,15 @@ class RefinerBlock(nn.Module):
         return x_BLD + self.mlp(self.norm2(x_BLD)) * gate_mlp
 
 
-class TokenRefiner(nn.Module):
-    """``txt_in``: Qwen2.5-VL states ``(B, L, Dt)`` -> refined ``(B, L, D)``."""
+REFINER_MLP_RATIO = 4.0  # the refiner's MLP width / D, whatever the transformer's mlp_ratio (as diffusers builds it)
 
-    def __init__(self, in_dim: int, dim: int, num_heads: int, num_layers: int, mlp_ratio: float = 4.0):
+
+class TokenRefiner(nn.Module):
+    """``txt_in``: Qwen2.5-VL states ``(B, L, Dt)`` -> refined ``(B, L, D)``. Its blocks' MLPs are
+    ``REFINER_MLP_RATIO * D`` wide: diffusers' ``HunyuanVideo15TokenRefiner`` is built without the transformer's
+    ``mlp_ratio``, so a folder with another ``mlp_ratio`` still holds refiner MLPs of 4 D."""
+
+    def __init__(self, in_dim: int, dim: int, num_heads: int, num_layers: int, mlp_ratio: float = REFINER_MLP_RATIO):
         super().__init__()
         self.t_embedder = TimestepMLP(dim)
         self.c_embedder = PooledTextEmbedder(in_dim, dim)

@@ -5,7 +5,7 @@ Per sample with S video tokens, L text tokens (the padded Qwen2.5-VL length the 
 width F, text width Dt; Lc = L + glyph + image tokens is the joint conditioning length:
 
     refiner  = 2 L Dt D (input) + 2 (Dt D + D^2) (pooled text) + 2 (256 D + D^2) (time)
-             + per refiner block: 8 L D^2 (qkv, proj) + 4 L^2 D + 4 L D F + 4 D^2 (gates)
+             + per refiner block: 8 L D^2 (qkv, proj) + 4 L^2 D + 4 L D Fr + 4 D^2 (gates); Fr = 4 D whatever F
     block    = 8 S D^2 + 8 Lc D^2 (the two streams' q, k, v, proj) + 4 (S + Lc)^2 D (joint attention)
              + 4 (S + Lc) D F (the two MLPs) + 24 D^2 (two modulations)
              (the last block skips the text stream's projection and MLP: - 2 Lc D^2 - 4 Lc D F)
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from nemo_vfm.models.common import flops as count
 from nemo_vfm.models.common.flops import FlopBreakdown
+from nemo_vfm.models.hunyuan.conditioning import REFINER_MLP_RATIO
 
 
 def hunyuan_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | None = None,
@@ -37,7 +38,8 @@ def hunyuan_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int]
         lin = count.patch_and_head(cfg, s) + count.linear(1, d, 2 * d) + time
         lin += count.linear(L, dt, d) + count.linear(1, dt, d) + count.linear(1, d, d) + count.timestep_embedder(d)
         lin += cfg.num_refiner_layers * (count.linear(L, d, 3 * d) + count.linear(L, d, d)
-                                         + count.feed_forward("gelu", L, d, f) + count.linear(1, d, 2 * d))
+                                         + count.feed_forward("gelu", L, d, int(d * REFINER_MLP_RATIO))
+                                         + count.linear(1, d, 2 * d))
         attention += cfg.num_refiner_layers * count.attention(L, L, d)
         if glyph_tokens:
             hg = cfg.glyph_hidden

@@ -60,7 +60,7 @@ class HunyuanVideoConfig:
     num_layers: int = 54
     hidden_size: int = 2048
     num_heads: int = 16
-    mlp_ratio: float = 4.0
+    mlp_ratio: float = 4.0  # the double-stream blocks' MLP width / hidden_size (the token refiner's is always 4)
     num_refiner_layers: int = 2
     in_channels: int = 65  # 32 noisy latent + 32 condition latent + 1 mask
     out_channels: int = 32
@@ -247,7 +247,7 @@ class HunyuanVideoModel(nn.Module):
         self.img_in = PatchEmbed(cfg.in_channels, d, cfg.patch_size)
         self.time_in = TimestepMLP(d)
         self.time_r_in = TimestepMLP(d) if cfg.use_meanflow else None
-        self.txt_in = TokenRefiner(cfg.text_dim, d, cfg.num_heads, cfg.num_refiner_layers, cfg.mlp_ratio)
+        self.txt_in = TokenRefiner(cfg.text_dim, d, cfg.num_heads, cfg.num_refiner_layers)
         self.byt5_in = GlyphEmbedder(cfg.glyph_dim, cfg.glyph_hidden, d)
         self.vision_in = VisionEmbedder(cfg.image_dim, d)
         self.cond_type_embedding = nn.Embedding(3, d)
