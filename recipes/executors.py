@@ -157,8 +157,8 @@ def kubernetes_executor(image: str, nodes: int = 1, gpus_per_node: Optional[int]
                         job_name: Optional[str] = None) -> run.KubeflowExecutor:
     """Kubernetes through the Kubeflow Trainer: one ``TrainJob`` of ``nodes`` pods, ``torchrun`` in each.
 
-    ``image`` is required (the pods run it; it must contain this repo installed, e.g. built from
-    docs/launching.md). ``pvcs`` are ``"claim-name:/mount/path"`` PersistentVolumeClaims for data and
+    ``image`` is required (the pods run it; it must have nemo-vfm installed, e.g. built with
+    launchers/container/Dockerfile). ``pvcs`` are ``"claim-name:/mount/path"`` PersistentVolumeClaims for data and
     checkpoints. ``runtime`` names the ``ClusterTrainingRuntime`` (``torch-distributed`` ships with the
     Trainer). The kubeconfig is read when the job is submitted, not here, so manifests render offline.
     """

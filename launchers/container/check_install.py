@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 PACKAGES = {"nemo_vfm": "nemo_vfm", "nemo_vfm_recipes": "recipes"}  # installed name -> source folder
@@ -79,8 +80,11 @@ def check_imports() -> tuple[list[str], list[str], set[str]]:
         root = Path(pkg.__path__[0])
         files = {".".join((name, *Path(f).with_suffix("").parts)).removesuffix(".__init__") for f in _files(root)
                  if f.endswith(".py")}
-        problems += [f"{m} was not reached by pkgutil: a folder on its path has no __init__.py"
-                     for m in sorted(files - seen - {name})]
+        unreached = defaultdict(list)
+        for m in sorted(files - seen - {name}):
+            unreached[m.rpartition(".")[0]].append(m.rpartition(".")[2])
+        problems += [f"{pkg_name}: {len(ms)} modules not reached by pkgutil (a folder on the path has no __init__.py):"
+                     f" {', '.join(ms)}" for pkg_name, ms in unreached.items()]
     return problems, skipped, seen
 
 
