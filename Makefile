@@ -37,8 +37,12 @@ demo: $(BASE_STAMP)
 # -p no:cacheprovider keeps a fresh clone clean; exit code 5 (no tests collected) is a failure.
 # One OpenMP thread per process: the suite spawns gloo process groups, and oversubscribed OpenMP threads
 # on 2 cores slow CPU tests down by an order of magnitude.
+# TEST_WORKERS pytest-xdist processes share the test files (a file's tests stay on one worker, in order, so
+# its module fixtures are built once); TEST_WORKERS=0 runs them all in this process.
+TEST_WORKERS ?= 2
 test: setup
-	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -x --durations=15 -p no:cacheprovider tests; rc=$$?; \
+	OMP_NUM_THREADS=1 $(VPY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 -p no:cacheprovider \
+	  tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 lint: setup

@@ -62,7 +62,7 @@ def test_corrupt_input_recorded_and_crash_resume(tmp_path, raw_dir):
 def test_torchrun_splits_inputs_over_ranks(tmp_path, raw_dir):
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
            "-m", "nemo_vfm.cli.main", "prepare", f"input={raw_dir}", f"output={out}", "samples_per_shard=4",
            "progress=false", f"tokenizer.spatial_compression={TOK['spatial_compression']}",
            f"text_encoder.dim={TEXT['dim']}", f"text_encoder.max_length={TEXT['max_length']}"]

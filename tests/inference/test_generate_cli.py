@@ -75,7 +75,7 @@ def test_torchrun_cp2_writes_the_single_process_video(exp, tmp_path):
             "--device", "cpu"]
     assert main(args + ["--out", str(tmp_path / "one")]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
                         "nemo_vfm.cli.main", *args, "--cp", "2", "--out", str(tmp_path / "cp2")],
                        capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

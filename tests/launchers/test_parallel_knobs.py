@@ -84,7 +84,8 @@ def _torchrun(nproc: int, *overrides: str) -> str:
     # not the rendezvous of this test process (in-process trainings of earlier tests leave MASTER_PORT set)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1
+           else [sys.executable])  # --standalone: a free rendezvous port, not the default 29500
     r = subprocess.run([*cmd, str(ROOT / "launchers" / "train.py"), "--factory", "quickstart", "--yes", *overrides],
                        capture_output=True, text=True, timeout=300, env=env)
     out = r.stdout + r.stderr
