@@ -283,9 +283,9 @@ def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling,
         SampleVideos,
         ScheduledGC,
         StepProgressBar,
-        ThroughputLogger,
     )
     from nemo_vfm.lightning.nonfinite import NonFiniteGuard
+    from nemo_vfm.lightning.throughput import ThroughputLogger
 
     ckpt_dir, t = exp_dir / "checkpoints", trainer_cfg
     callbacks = [

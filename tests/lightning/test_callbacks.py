@@ -61,10 +61,10 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
     micro-batches of a step draw different noise."""
     import json
 
-    from nemo_vfm.lightning import callbacks, module
+    from nemo_vfm.lightning import module, throughput
 
     messages = []
-    monkeypatch.setattr(callbacks, "rank_zero_info", messages.append)
+    monkeypatch.setattr(throughput, "rank_zero_info", messages.append)
 
     draws = []
     real = module.step_generator

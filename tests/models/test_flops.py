@@ -181,7 +181,7 @@ def test_errors_and_peak():
 # -- the step log -----------------------------------------------------------------------------------------
 def _log_one_step(cfg, batch, device, out):
     """One optimizer step through :class:`ThroughputLogger` with a stand-in trainer; the callback is returned."""
-    from nemo_vfm.lightning.callbacks import ThroughputLogger
+    from nemo_vfm.lightning.throughput import ThroughputLogger
 
     logged = {}
     module = SimpleNamespace(device=torch.device(device), log_dict=lambda stats, **kw: logged.update(stats))
@@ -200,22 +200,22 @@ def test_the_step_log_counts_a_wan_step_as_the_network_computes_it(tmp_path):
     cfg = wan_config("tiny")
     (x, t), kwargs = _inputs(4, text=(7, 16))
     cb, logged = _log_one_step(cfg, {"latents": x, **kwargs}, "cpu", tmp_path / "perf.jsonl")
-    (flops,) = cb._flops_by_shape.values()
-    assert flops == 3 * sum(measured(cfg.build().eval(), x, t, **kwargs))
+    ((flops, dense),) = cb._flops_by_shape.values()
+    assert flops == dense == 3 * sum(measured(cfg.build().eval(), x, t, **kwargs))
     row = json.loads((tmp_path / "perf.jsonl").read_text())
     assert row["tokens_per_s_per_gpu"] == pytest.approx(B * 24 / (row["step_time_s"]), rel=1e-6)
     assert "model_tflops_per_gpu" not in row  # TFLOP/s and MFU are GPU figures
 
 
 def test_the_step_log_gives_packed_stdit_segments_their_grids():
-    from nemo_vfm.lightning.callbacks import ThroughputLogger
+    from nemo_vfm.lightning.throughput import ThroughputLogger
 
     cfg = stdit_config("tiny", in_channels=4, context_dim=32)
     packed = SimpleNamespace(seq_lens=torch.tensor([24, 16]), cu_seqlens_text=torch.tensor([0, 5, 8]),
                              latent_shapes=torch.tensor([[4, 3, 8, 4], [4, 1, 8, 8]]), patch_size=(1, 2, 2))
     want = 3 * sum(f.forward for f in [
         family_spec(cfg).flops(cfg, [24], [5], [(3, 4, 2)]), family_spec(cfg).flops(cfg, [16], [3], [(1, 4, 4)])])
-    assert ThroughputLogger(1, cfg.patch_size, model_config=cfg)._packed_flops(packed) == want
+    assert ThroughputLogger(1, cfg.patch_size, model_config=cfg)._packed_flops(packed) == (want, want)
 
 
 @pytest.mark.gpu
@@ -228,3 +228,69 @@ def test_a_wan_step_on_a_gpu_logs_model_tflops_and_mfu(tmp_path):
     assert row["model_tflops_per_gpu"] > 0 and logged["perf/model_tflops_per_gpu"] == row["model_tflops_per_gpu"]
     if peak_tflops(torch.cuda.get_device_name()):
         assert row["mfu"] == pytest.approx(row["model_tflops_per_gpu"] / peak_tflops(torch.cuda.get_device_name()))
+
+
+# -- sparse self-attention: the FLOPs computed -------------------------------------------------------------
+def test_sta_counts_the_kept_tile_pairs_and_keeps_the_dense_figure():
+    """Wan with STA in block 1 (block 0 dense): the computed attention is the dense count with block 1's
+    self-attention scaled by the share of tile pairs its mask keeps (read from the mask itself)."""
+    from nemo_vfm.parallel.sparse_attention import SparsePattern, sta_tile_mask
+
+    grid, tile, window = (3, 4, 6), (1, 2, 2), (1, 1, 3)
+    sparse = wan_config("tiny", attention="sta", attention_tile=tile, attention_window=window, attention_dense_blocks=(0,))
+    dense = wan_config("tiny")
+    s, d = 72, dense.hidden_size
+    mask = sta_tile_mask(SparsePattern(kind="sta", grid_thw=grid, tile=tile, window=window))
+    kept = mask.sum().item() / mask.numel()
+    assert kept == pytest.approx(3 / 18)  # 18 tiles, each query tile keeps 1 x 1 x 3 of them
+    got = family_spec(sparse).flops(sparse, [s] * B, [7] * B, [grid] * B)
+    want = family_spec(dense).flops(dense, [s] * B, [7] * B, [grid] * B)
+    self_attention = 4 * s * s * d  # one block, one sample
+    assert got.linear == want.linear and got.dense_attention == want.attention and want.dense_attention is None
+    assert got.attention == pytest.approx(want.attention - B * (1 - kept) * self_attention, rel=1e-9)
+    assert got.train_step == 3 * (got.linear + got.attention)
+    assert got.dense_equivalent_train_step == want.train_step
+    with pytest.raises(ValueError, match="pass grids"):
+        family_spec(sparse).flops(sparse, [s] * B, [7] * B)
+
+
+def test_vsa_adds_its_coarse_attention_and_gate():
+    """DiT with VSA: the kept half of the key tiles, the coarse attention over the tiles, and the gate projection
+    (whose linear FLOPs FlopCounterMode measures on the network)."""
+    cfg = dit_config("tiny", context_dim=32, attention="vsa", attention_tile=(1, 2, 2), attention_sparsity=0.5)
+    dense_cfg = dit_config("tiny", context_dim=32)
+    s, d, n = 24, cfg.hidden_size, 6  # GRID (3, 4, 2) in tiles of (1, 2, 2): 3 x 2 x 1 tiles, top-3 kept
+    got = family_spec(cfg).flops(cfg, [s] * B, [16] * B, [GRID] * B)
+    want = family_spec(dense_cfg).flops(dense_cfg, [s] * B, [16] * B, [GRID] * B)
+    blocks = B * cfg.num_layers
+    assert got.linear == want.linear + blocks * 2 * s * d * d
+    assert got.attention == want.attention - blocks * 0.5 * 4 * s * s * d + blocks * 4 * n * n * d
+    assert got.dense_attention == want.attention
+    (x, t), kwargs = _inputs(cfg.in_channels, text=(16, 32))
+    torch.manual_seed(0)
+    net = cfg.build().eval()  # with gradients enabled the CPU runs the masked dense path, which FlopCounterMode sees
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        net(x, t, **kwargs)
+    counts = {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+    assert sum(n for op, n in counts.items() if op not in ("aten.bmm", "aten.baddbmm")) == got.linear
+
+
+def test_the_step_log_reports_computed_flops_and_labels_the_dense_equivalent():
+    from nemo_vfm.lightning.throughput import ThroughputLogger
+
+    cfg = wan_config("tiny", attention="sta", attention_tile=(1, 2, 2), attention_window=(1, 1, 3))
+    (x, _), kwargs = _inputs(4, latent=(3, 8, 12), text=(7, 16))
+    cb = ThroughputLogger(1, cfg.patch_size, model_config=cfg)
+    computed, dense = cb._step_flops({"latents": x, **kwargs}, x)
+    flops = family_spec(cfg).flops(cfg, [72] * B, [7] * B, [(3, 4, 6)] * B)
+    assert (computed, dense) == (flops.train_step, flops.dense_equivalent_train_step) and computed < dense
+    cb._flops, cb._peak, stats = (computed, dense), 989.0, {}
+    line = cb._flops_line(1e-12, 1, stats)  # one second per 1e12 FLOPs: the figures are the FLOPs in TFLOP
+    assert stats["perf/model_tflops_per_gpu"] == pytest.approx(computed)
+    assert stats["perf/mfu"] == pytest.approx(computed / 989.0)
+    assert stats["perf/dense_equivalent_tflops_per_gpu"] == pytest.approx(dense)
+    assert line == (f" {computed:.0f} TFLOP/s/gpu MFU {100 * computed / 989:.1f}% "
+                    f"(sparse attention; dense-equivalent {dense:.0f} TFLOP/s/gpu)")
+    dense_cb = ThroughputLogger(1, cfg.patch_size, model_config=wan_config("tiny"))
+    dense_cb._flops, dense_cb._peak = (dense, dense), 989.0
+    assert "dense-equivalent" not in dense_cb._flops_line(1e-12, 1, {})  # a dense model: one figure

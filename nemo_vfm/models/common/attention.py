@@ -102,6 +102,14 @@ def sparse_settings(cfg, layer: int | None = None) -> SparseSettings | None:
     return SparseSettings(kind, tuple(cfg.attention_tile), tuple(cfg.attention_window), float(cfg.attention_sparsity))
 
 
+def sparse_pattern(settings: SparseSettings, grid: tuple[int, int, int]) -> SparsePattern:
+    """The tile pattern of ``settings`` on the (t, h, w) patch ``grid`` (what a sparse core attends under)."""
+    if settings.kind == "sta":
+        return SparsePattern(kind="sta", grid_thw=grid, tile=settings.tile, window=settings.window)
+    n = TileLayout(grid, settings.tile).num_tiles
+    return SparsePattern(kind="vsa", grid_thw=grid, tile=settings.tile, topk=vsa_topk(settings.sparsity, n))
+
+
 def check_sparse_layout(cfg, dims, family: str) -> None:
     """Raise when ``cfg``'s sparse self-attention cannot run under the parallel ``dims`` (a family's
     ``check_layout`` calls it): the pattern needs every token of a sample on the rank that attends."""
@@ -165,10 +173,7 @@ class SparseAttentionCore(nn.Module):
             raise RuntimeError(f"attention={s.kind!r} needs the latent grid, which the model sets before its blocks "
                                f"run; only the {' and '.join(SPARSE_FAMILIES)} families do (call "
                                "set_attention_grid(model, grid) when driving blocks yourself)")
-        if s.kind == "sta":
-            return SparsePattern(kind="sta", grid_thw=self.grid, tile=s.tile, window=s.window)
-        n = TileLayout(self.grid, s.tile).num_tiles
-        return SparsePattern(kind="vsa", grid_thw=self.grid, tile=s.tile, topk=vsa_topk(s.sparsity, n))
+        return sparse_pattern(s, self.grid)
 
     def forward(self, q, k, v, mask=None) -> torch.Tensor:
         n = q.shape[2]

@@ -6,6 +6,10 @@ embedding, the head) and attention (``q k^T`` and ``p v``: ``4 Sq Sk D`` for ``D
 Not counted: norms, softmax, activations, RoPE, modulation arithmetic and other elementwise work, bias
 additions and embedding-table lookups -- what :class:`torch.utils.flop_counter.FlopCounterMode` does not count
 either, so the tests compare the two exactly.
+
+Sparse self-attention (``model.attention="sta"|"vsa"``) is counted as computed: the (query tile, key tile) pairs
+its pattern keeps (:attr:`~nemo_vfm.parallel.sparse_attention.SparsePattern.density`; partial tiles' padding not
+counted), VSA's coarse tile attention and its gate projection; ``dense_attention`` keeps the dense figure.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ class FlopBreakdown:
     """Forward FLOPs of one step (all samples), split by kind."""
 
     linear: float  # every matmul against a weight (projections, MLP, adaLN, embedders, patch embedding, head)
-    attention: float  # q k^T and p v of self- and cross-attention
+    attention: float  # q k^T and p v of self- and cross-attention, as computed (sparse: the kept tile pairs)
+    dense_attention: float | None = None  # under sparse self-attention: ``attention`` had it been dense
 
     @property
     def forward(self) -> float:
@@ -30,6 +35,11 @@ class FlopBreakdown:
     def train_step(self) -> float:
         """Forward + backward (3x forward), recomputation not counted."""
         return 3.0 * self.forward
+
+    @property
+    def dense_equivalent_train_step(self) -> float | None:
+        """:attr:`train_step` with dense self-attention in place of the sparse one (None for a dense model)."""
+        return None if self.dense_attention is None else 3.0 * (self.linear + self.dense_attention)
 
 
 def check_samples(seq_lens: Sequence[int], text_lens: Sequence[int] | None,
@@ -53,6 +63,27 @@ def linear(tokens: int, fan_in: int, fan_out: int) -> int:
 def attention(queries: int, keys: int, hidden: int) -> int:
     """``q k^T`` and ``p v`` of ``queries`` attending to ``keys`` over all heads (``hidden = heads x head dim``)."""
     return 4 * queries * keys * hidden
+
+
+def self_attention(cfg, layer: int, tokens: int, grid, hidden: int) -> tuple[int, float, int]:
+    """``(linear, computed attention, dense attention)`` of block ``layer``'s self-attention on one sample of
+    ``tokens`` on the patch ``grid`` (t, h, w), beyond its q, k, v, o projections: dense, or ``cfg``'s sparse
+    attention in that block (the kept tile pairs' share of ``q k^T`` and ``p v``; VSA adds its coarse attention
+    over the tiles and its gate projection)."""
+    from nemo_vfm.models.common.attention import sparse_pattern, sparse_settings
+
+    dense = attention(tokens, tokens, hidden)
+    settings = sparse_settings(cfg, layer)
+    if settings is None:
+        return 0, dense, dense
+    if grid is None or math.prod(grid) != tokens:
+        raise ValueError(f"attention={settings.kind!r} computes FLOPs that depend on the latent grid: pass grids, one "
+                         f"(t, h, w) patch grid of {tokens} tokens per sample, got {grid!r}")
+    pattern = sparse_pattern(settings, tuple(grid))
+    if settings.kind == "sta":
+        return 0, pattern.density * dense, dense
+    n = pattern.layout.num_tiles  # VSA: fine stage + coarse attention over the tile means + gate_compress
+    return linear(tokens, hidden, hidden), pattern.density * dense + attention(n, n, hidden), dense
 
 
 def timestep_embedder(hidden: int, frequency_size: int = 256) -> int:

@@ -11,6 +11,9 @@ n the modulation chunks (9 with cross-attention, else 6), P_in / P_out the patch
     network  = 2 S P_in D (patch) + blocks + 2 S D P_out (final) + 4 D^2 (final adaLN)
              + timestep (and fps) embedder 2 (256 D + D^2) each + [AdaLN-LoRA] 6 D^2 (shared projection)
 
+Under sparse self-attention (``cfg.attention``) the 4 S^2 D term counts the tile pairs computed
+(:func:`~nemo_vfm.models.common.flops.self_attention`); the breakdown's ``dense_attention`` keeps the dense figure.
+
 For DiT-XL/2 at 256 tokens this gives 237.3 GFLOPs forward per image (the DiT paper's 118.6 "Gflops"
 are multiply-adds).
 """
@@ -48,21 +51,24 @@ def dit_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | N
 
     ``seq_lens``: tokens per sample (an unpacked batch of B samples of S tokens is ``[S] * B``; a packed
     sequence lists its segments). ``text_lens``: text tokens per sample (needed iff ``cfg.context_dim``).
-    ``grids``: not needed (full attention depends on S only).
+    ``grids``: the (t, h, w) patch grid per sample, needed under sparse self-attention only (dense attention
+    depends on S only).
     """
     has_cross = cfg.context_dim is not None
     seq_lens, text_lens = count.check_samples(seq_lens, text_lens, has_cross)
     d = cfg.hidden_size
     n_chunks = 9 if has_cross else 6
-    linear = attention = 0
-    for s, text in zip(seq_lens, text_lens):
+    linear = attention = dense = 0
+    for i, (s, text) in enumerate(zip(seq_lens, text_lens)):
         linear += count.patch_and_head(cfg, s) + conditioning_flops(cfg)
         for layer in range(cfg.num_layers):
             moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
             ffn = count.moe_feed_forward(cfg.moe, s, d) if moe else count.feed_forward(cfg.mlp, s, d, cfg.ffn_size)
-            linear += 4 * count.linear(s, d, d) + ffn + adaln_flops(cfg, n_chunks)
-            attention += count.attention(s, s, d)
+            lin, computed, full = count.self_attention(cfg, layer, s, None if grids is None else grids[i], d)
+            linear += 4 * count.linear(s, d, d) + ffn + adaln_flops(cfg, n_chunks) + lin
+            attention, dense = attention + computed, dense + full
             if has_cross:
                 lin, att = cross_attention_flops(cfg, s, text)
-                linear, attention = linear + lin, attention + att
-    return FlopBreakdown(linear=float(linear), attention=float(attention))
+                linear, attention, dense = linear + lin, attention + att, dense + att
+    return FlopBreakdown(linear=float(linear), attention=float(attention),
+                         dense_attention=None if attention == dense else float(dense))

@@ -13,7 +13,9 @@ F, text width Dc (4096), frequency width Df (256); I2V adds I = ``cfg.image_len`
              + 2 Lt (Dc D + D^2) (text embedding) + 2 (Df D + D^2) (time embedding) + 12 D^2 (time projection)
              + [I2V] 2 I (Di^2 + Di D) (image embedding)
 
-The per-block and head modulations add a learned table to the time projection (per sample, no matmul).
+The per-block and head modulations add a learned table to the time projection (per sample, no matmul). Under sparse
+self-attention (``cfg.attention``) the 4 S^2 D term counts the tile pairs computed
+(:func:`~nemo_vfm.models.common.flops.self_attention`); the breakdown's ``dense_attention`` keeps the dense figure.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def wan_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | N
                       grids: Sequence[tuple[int, int, int]] | None = None) -> FlopBreakdown:
     """Forward FLOPs of :class:`~nemo_vfm.models.wan.model.WanModel` ``cfg`` on samples of ``seq_lens`` video
     tokens. ``text_lens``: the prompts' text tokens (optional; each must be at most ``cfg.text_len``, which the
-    network pads them to and which is what is counted); ``grids``: not needed (full attention depends on S only)."""
+    network pads them to and which is what is counted); ``grids``: the (t, h, w) patch grid per sample, needed under
+    sparse self-attention only (dense attention depends on S only)."""
     seq_lens, _ = count.check_samples(seq_lens, None, needs_text=False)
     if text_lens is not None and max((int(t) for t in text_lens), default=0) > cfg.text_len:
         raise ValueError(f"text_lens {list(text_lens)} exceed WanConfig.text_len={cfg.text_len}; the network rejects "
@@ -38,14 +41,18 @@ def wan_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | N
                   + count.timestep_embedder(d, cfg.freq_dim) + count.linear(1, d, 6 * d))  # time embedding, projection
     if cfg.is_i2v:
         per_sample += count.linear(image, di, di) + count.linear(image, di, d)  # image embedding
-    linear = attention = 0
-    for s in seq_lens:
+    linear = attention = dense = 0
+    for i, s in enumerate(seq_lens):
         block_linear = 6 * count.linear(s, d, d) + 2 * count.linear(text, d, d)  # q, k, v, o; cross q, o; cross k, v
         block_linear += count.feed_forward("gelu", s, d, cfg.ffn_size)
-        block_attention = count.attention(s, s, d) + count.attention(s, text, d)
+        block_attention = count.attention(s, text, d)  # cross-attention; self-attention per block below
         if cfg.is_i2v:
             block_linear += 2 * count.linear(image, d, d)
             block_attention += count.attention(s, image, d)
         linear += count.patch_and_head(cfg, s) + per_sample + cfg.num_layers * block_linear
-        attention += cfg.num_layers * block_attention
-    return FlopBreakdown(linear=float(linear), attention=float(attention))
+        attention, dense = attention + cfg.num_layers * block_attention, dense + cfg.num_layers * block_attention
+        for layer in range(cfg.num_layers):
+            lin, computed, full = count.self_attention(cfg, layer, s, None if grids is None else grids[i], d)
+            linear, attention, dense = linear + lin, attention + computed, dense + full
+    return FlopBreakdown(linear=float(linear), attention=float(attention),
+                         dense_attention=None if attention == dense else float(dense))
