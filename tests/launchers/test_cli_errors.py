@@ -94,7 +94,7 @@ def test_an_unexpected_exception_keeps_its_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_a_nonfinite_stop_under_torchrun_is_one_line_per_rank(tmp_path):
-    rc, out, err = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    rc, out, err = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                          str(ROOT / "launchers" / "train.py"), *DIVERGE, f"log.root={tmp_path}"])
     assert rc != 0, (out + err)[-3000:]
     lines = (out + err).splitlines()
