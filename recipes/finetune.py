@@ -159,14 +159,15 @@ def finetune_wan_1_3b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_wan_14b() -> run.Partial:
     """Full fine-tuning of Wan2.1-T2V-14B: FSDP2 (bf16 compute, fp32 reduce) + context parallel 2 (all-to-all: the CP
-    size must divide the 40 heads) and full activation checkpointing; 4+ GPUs of 80 GB (64.4 GiB each on 4 H100s at
-    480p x 81 frames; 720p not measured). All-to-all over ring: 7.93 vs 8.52 s/step at 480p x 81 frames on 4 H100s
-    (318 vs 295 TFLOP/s per GPU, docs/benchmarks.md).
+    size must divide the 40 heads), and activation checkpointing that keeps each block's attention output
+    (``save_attention``: backward recomputes the linears, not the attention); 4+ GPUs of 80 GB at 480p x 81 frames.
+    At 720p x 81 frames on 80 GB cards use ``trainer.strategy.activation_checkpointing=full`` (peak memory of both
+    settings and their speed: docs/benchmarks.md, "Four GPUs of one host").
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.finetune_wan_14b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
     recipe = _finetune_wan("t2v_14b", "finetune_wan_14b")
-    return parallel.with_cp(parallel.with_fsdp(recipe, activation_checkpointing="full"), 2, kind="a2a")
+    return parallel.with_cp(parallel.with_fsdp(recipe, activation_checkpointing="save_attention"), 2, kind="a2a")
 
 
 @run.cli.factory(target=train)
@@ -267,13 +268,13 @@ def lora_wan2_2_i2v_a14b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_wan2_2_t2v_a14b() -> run.Partial:
     """Full fine-tuning of one expert of Wan2.2-T2V-A14B (default high noise; ``model.expert=low
-    objective.expert=low`` for the other): FSDP2 + context parallel 2 (all-to-all) + full activation checkpointing, the layout of
-    ``finetune_wan_14b`` (4+ GPUs of 80 GB); GPU speed not measured. Both experts in one run: not implemented.
+    objective.expert=low`` for the other): FSDP2 + context parallel 2 (all-to-all) + ``save_attention`` checkpointing, the
+    layout of ``finetune_wan_14b`` (same network size; 4+ GPUs of 80 GB); GPU speed not measured. Both experts in one run: not implemented.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_wan2_2_t2v_a14b --yes model.pretrained=DIR``
     Python: ``recipe = finetune.with_expert(finetune.finetune_wan2_2_t2v_a14b(), "low")``
     """
     recipe = _finetune_wan("t2v_a14b", "finetune_wan2_2_t2v_a14b", expert="high")
-    return parallel.with_cp(parallel.with_fsdp(recipe, activation_checkpointing="full"), 2, kind="a2a")
+    return parallel.with_cp(parallel.with_fsdp(recipe, activation_checkpointing="save_attention"), 2, kind="a2a")
 
 
 @run.cli.factory(target=train)
