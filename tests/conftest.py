@@ -1,8 +1,15 @@
 """Suite-wide hygiene: a test that trains in this process under ``VFMParallelStrategy`` (one process, gloo) leaves
-the default process group up; tear it down so the next test starts without one. Shared fixtures: a run-folder lock
-holder, and a tiny random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
+the default process group up; tear it down so the next test starts without one. The ``timing`` marker (tests that
+measure wall-clock throughput run alone, see the Makefile). Shared fixtures: a run-folder lock holder, and a tiny
+random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
 
 import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "timing: asserts on wall-clock throughput; `make test` runs these after the parallel workers, "
+        "with no other test beside them")
 
 
 @pytest.fixture(autouse=True)
