@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 # Imported once by the fork server; every rank forks from it with these already loaded.
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.checkpoint", "lightning",
-            "nemo_vfm.lightning.strategy", "nemo_vfm.lightning.module", "nemo_vfm.train", __name__]
+            "nemo_vfm.lightning.strategy", "nemo_vfm.lightning.module", "nemo_vfm.train", "pytest", __name__]
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, caller: dict, payload: bytes) -> None:
