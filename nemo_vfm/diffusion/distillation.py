@@ -99,8 +99,8 @@ def default_levels(objective, num_steps: int, rho: float = 7.0) -> tuple[float, 
 
 def fold_guidance(objective, teacher, cond: dict, uncond: dict | None, guidance: float):
     """``f(x, level (B,)) -> x0``: the teacher's guided clean-latent prediction
-    ``uncond + guidance * (cond - uncond)`` = ``cond + (guidance - 1) * (cond - uncond)`` (DMD2 and Self-Forcing
-    write the second form, with ``s = guidance - 1``). Both halves run in one batch. Guiding x0 equals guiding
+    ``uncond + guidance * (cond - uncond)`` = ``cond + (guidance - 1) * (cond - uncond)`` (Self-Forcing writes the
+    second form: its ``real_guidance_scale`` is ``guidance - 1``). Both halves run in one batch. Guiding x0 equals guiding
     the velocity (flow matching) or the denoiser (EDM): x0 is affine in either with the same ``x``."""
     return guided(lambda x, t, c: predict_x0(objective, teacher, x, t, c), cond, uncond, guidance)
 
@@ -133,6 +133,8 @@ class DMD2:
             raise ValueError(f"DMD2.num_steps must be >= 1 (the student's steps, e.g. 4), got {self.num_steps}")
         if self.rho <= 0:
             raise ValueError(f"DMD2.rho must be > 0 (EDM's Karras exponent, 7 by default), got {self.rho}")
+        if kind == "flow" and self.rho != 7.0:
+            warnings.warn("DMD2.rho has no effect with flow matching (it shapes EDM's Karras schedule)", stacklevel=2)
         if self.levels is not None:
             self.levels = tuple(float(v) for v in self.levels)
             if len(self.levels) != self.num_steps:

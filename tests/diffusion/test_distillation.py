@@ -233,6 +233,11 @@ def test_bad_objectives_and_steps():
         DMD2(objective=FlowMatching()).simulate(student, torch.randn(B, C, T, H, W), conds()[0], 4)
 
 
+def test_settings_without_effect_warn():
+    with pytest.warns(UserWarning, match="rho has no effect"):
+        DMD2(objective=FlowMatching(), rho=5.0)
+
+
 def test_guidance_without_uncond_warns():
     teacher, critic, _ = nets()
     cond, _ = conds()
