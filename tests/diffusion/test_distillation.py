@@ -272,3 +272,32 @@ def test_one_distillation_step_on_the_project_dit():
     closs.backward()
     assert torch.isfinite(closs) and any(p.grad is not None for p in critic.parameters())
     assert dmd.sample(student, noise, cond, g).shape == noise.shape
+
+
+def test_the_documented_step_loop():
+    """docs/diffusion.md's step, with optimizers: the critic changes every step, the student only on the steps
+    updates_generator picks, the teacher never."""
+    teacher, critic, student = nets()
+    cond, uncond = conds()
+    dmd = DMD2(objective=FlowMatching(shift=3.0), generator_update_every=2)
+    opt_s, opt_c = torch.optim.SGD(student.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1)
+    shared, g = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    frozen = [p.clone() for p in teacher.parameters()]
+    for step in range(4):
+        before_s, before_c = [p.clone() for p in student.parameters()], [p.clone() for p in critic.parameters()]
+        noise = torch.randn(B, C, T, H, W, generator=g)
+        k = dmd.pick_step(shared)
+        train_student = dmd.updates_generator(step)
+        with torch.set_grad_enabled(train_student):
+            x0 = dmd.generate(student, noise, cond, k, g)
+        if train_student:
+            opt_s.zero_grad()
+            dmd.generator_loss(x0, teacher, critic, cond, uncond, g)[0].backward()
+            opt_s.step()
+        opt_c.zero_grad()
+        dmd.critic_loss(critic, x0, cond, generator=g)[0].backward()
+        opt_c.step()
+        moved_s = any(not torch.equal(a, b) for a, b in zip(before_s, student.parameters()))
+        assert moved_s == train_student, step
+        assert any(not torch.equal(a, b) for a, b in zip(before_c, critic.parameters())), step
+    assert all(torch.equal(a, b) for a, b in zip(frozen, teacher.parameters()))
