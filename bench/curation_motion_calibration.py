@@ -21,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 # (size px, speed px/frame, noise levels, h264)
 CASES = [(40, 3.0, 0, False), (40, 3.0, 3, True), (40, 1.0, 0, False), (20, 1.0, 3, False), (10, 1.0, 0, False),

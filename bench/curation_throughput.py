@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 
 def main(argv=None) -> int:

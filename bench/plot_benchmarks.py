@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from nemo_vfm.models.flops import peak_tflops
+
 
 def _load(folder: Path, name: str) -> dict | None:
     path = folder / name
@@ -53,7 +55,7 @@ def plot(results: Path, out: Path) -> Path:
         ax.axhline(52.5, color="tab:orange", ls=":", label="NeMo 52.5%")
         for i, r in enumerate(rows):
             ax.text(i, 100 * r["mfu"] + 1, f"{100 * r['mfu']:.1f}%", ha="center", fontsize=8)
-        ax.set_ylabel("MFU (% of 989 TFLOP/s)")
+        ax.set_ylabel(f"MFU (% of {peak_tflops(b7['device']) or '?'} TFLOP/s)")
         ax.set_title("DiT-7B, 8,192 tokens, 512 text", fontsize=10)
         ax.tick_params(axis="x", labelsize=7, rotation=15)
         ax.legend(fontsize=8, loc="lower left")

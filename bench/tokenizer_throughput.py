@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from nemo_vfm.tokenizers.registry import tokenizer_from_spec  # noqa: E402
 from nemo_vfm.tokenizers.tiling import TiledTokenizer  # noqa: E402

@@ -1,5 +1,7 @@
 import sys
 from pathlib import Path
 
-# bench/ holds scripts, not a package: make its modules importable for the tests
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# bench/ is a package at the repository root, not installed with nemo_vfm: make `import bench` work from any folder
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.append(ROOT)

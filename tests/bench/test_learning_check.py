@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import learning_check as lc
+from bench import learning_check as lc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,8 +30,8 @@ def test_quickstart_preset_mirrors_the_recipe():
 
 def test_tiny_cpu_run_writes_json_and_png_without_nemo_run(tmp_path):
     out = tmp_path / "lc"
-    code = (f"import sys; sys.argv = ['learning_check.py']; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
-            "import learning_check as lc; "
+    code = (f"import sys; sys.argv = ['learning_check.py']; "
+            "from bench import learning_check as lc; "
             f"rc = lc.main(['--preset', 'quickstart', '--steps', '2', '--eval-every', '1', '--device', 'cpu', "
             f"'--out', {str(out)!r}, '--set', 'data.num_clips=8', '--set', 'data.batch_size=4', "
             "'--set', 'sampling.num_samples=2', '--set', 'sampling.num_steps=2', '--set', 'model.num_layers=1', "
