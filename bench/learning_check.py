@@ -141,8 +141,9 @@ def plot(result: dict, out_png: Path) -> Path:
 
 
 def compare_losses(runs: dict[str, Path], out_png: Path, window: int = 100) -> Path:
-    """Training-loss curves of several runs (folders with ``metrics.jsonl`` or ``learning_check.json``), each smoothed
-    over ``window`` steps, in one plot (e.g. dense vs sparse attention with the same preset and steps)."""
+    """Training-loss curves of several runs (folders with ``metrics.jsonl``, ``learning_check.json`` or
+    ``metrics_summary.json``), each smoothed over ``window`` steps, in one plot (e.g. dense vs sparse attention with
+    the same preset and steps)."""
     import numpy as np
 
     from nemo_vfm.lightning.callbacks import read_metrics
@@ -150,6 +151,8 @@ def compare_losses(runs: dict[str, Path], out_png: Path, window: int = 100) -> P
     fig, ax = pyplot().subplots(figsize=(6.5, 3.6), dpi=110)
     for label, folder in runs.items():
         metrics, result = Path(folder) / "metrics.jsonl", Path(folder) / "learning_check.json"
+        if not result.exists():
+            result = Path(folder) / "metrics_summary.json"
         if metrics.exists():
             rows = [r for r in read_metrics(metrics) if "loss" in r]
         else:  # a result folder under bench/results: the losses its learning_check.json recorded (interval means)
@@ -223,7 +226,8 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit or git_commit(short=False),
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "wall_s": round(wall, 1),
         "step_time_s_median": step_s,
-        "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss": loss, "evals": evals,
+        "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss_every": cfg["trainer"].log_every_n_steps,
+        "loss": loss, "evals": evals,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_check.json").write_text(json.dumps(result, indent=1) + "\n")

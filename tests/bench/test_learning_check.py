@@ -110,3 +110,14 @@ def test_lora_from_a_finished_run_with_an_fp8_base(tmp_path):
     state = raw_state_dict(read_checkpoint_info(tmp_path / "fp8" / "run"))
     assert any(".lora_A." in k for k in state) and any(v.dtype.is_floating_point is False for k, v in state.items()
                                                         if k.endswith(".base.weight"))  # e4m3 bits (uint8)
+
+
+def test_losses_are_kept_as_means_of_each_log_interval(tmp_path):
+    rows = [{"step": s, "loss": float(s)} for s in range(1, 8)]
+    assert lc.loss_means(rows, 3) == [{"step": 3, "loss": 2.0}, {"step": 6, "loss": 5.0}, {"step": 7, "loss": 7.0}]
+    assert lc.loss_means(rows[:2], 1) == rows[:2]
+    # a summarised result folder (bench/results: means of 50 steps) plots with the same smoothing in steps
+    (tmp_path / "s").mkdir()
+    means = [{"step": 50 * k, "loss": 1 / k} for k in range(1, 11)]
+    (tmp_path / "s" / "metrics_summary.json").write_text(json.dumps({"loss_every": 50, "loss": means}))
+    assert lc.compare_losses({"s": tmp_path / "s"}, tmp_path / "s.png", window=100).stat().st_size > 0
