@@ -1,6 +1,6 @@
 """The benchmark harness: run a recipe as a user does, read its step log, record the result.
 
-Every script in ``bench/`` is a table of cases on these pieces:
+The scripts in ``bench/`` are tables of cases on these pieces:
 
 - **Run** a recipe through the user's command: :func:`launcher_cmd` builds ``launchers/train.py --factory F --yes``
   with the case's overrides plus bookkeeping ones only (step count, log cadence, a run folder, no sampling previews,
@@ -37,13 +37,13 @@ from pathlib import Path
 
 from nemo_vfm.models.flops import mfu, peak_tflops
 
-__all__ = ["NO_MULTICAST", "ROOT", "STEP_TIME", "RecipeCase", "child_env", "device_peak", "environment", "git_commit",
-           "launcher_cmd", "load_recipe", "mfu", "outcome", "peak_tflops", "perf_rows", "pyplot", "rank_tail",
-           "read_perf", "run_logged", "run_recipe", "save_figure", "set_override", "step_time", "torchrun_cmd",
-           "wait_group_gone", "write_json"]
+__all__ = ["NO_MULTICAST", "ROOT", "STEP_TIME", "RecipeCase", "bookkeeping", "child_env", "device_peak", "environment",
+           "git_commit", "launcher_cmd", "live_members", "load_recipe", "mfu", "outcome", "peak_tflops", "perf_rows",
+           "pyplot", "rank_tail", "read_perf", "run_logged", "run_recipe", "save_figure", "set_override", "step_time",
+           "torchrun_cmd", "wait_group_gone", "write_json"]
 
 ROOT = Path(__file__).resolve().parents[1]
-# the child environment of multi-GPU runs: NVLink multicast off (the device machines cannot use it)
+# the child environment of multi-GPU runs: NVLink multicast off
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 LOG_TAIL_LINES = 40
 

@@ -86,7 +86,7 @@ def test_compare_plots_the_losses_of_finished_runs(tmp_path):
 
 
 def test_compare_reads_a_result_folder(tmp_path):
-    """A folder under bench/results holds learning_check.json (its loss per step), not the run's metrics.jsonl."""
+    """A folder under bench/results holds learning_check.json (its losses), not the run's metrics.jsonl."""
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "learning_check.json").write_text(json.dumps({"loss": [{"step": s, "loss": 1 / s} for s in range(1, 9)]}))
     out = lc.compare_losses({"r": tmp_path / "r"}, tmp_path / "r.png", window=4)
