@@ -40,10 +40,10 @@ def wan_checkpoint_info(path: str | Path):
     from nemo_vfm.inference.checkpoint_info import CheckpointInfo
     from nemo_vfm.models.wan.convert import read_config
     from nemo_vfm.models.wan.flavors import SAMPLING, flavor_of, wan_objective
-    from nemo_vfm.models.wan.weights import expert_dirs
+    from nemo_vfm.models.wan.weights import ADAPTER
 
     root = Path(path)
-    two = expert_dirs(root) is not None
+    two = ADAPTER.expert_dirs(root) is not None
     cfg = read_config(root, "high" if two else None)
     if two:
         flavor = flavor_of(cfg, two_experts=True) or ("i2v_a14b" if cfg.cond_channels else "t2v_a14b")
