@@ -43,11 +43,13 @@ class FamilySpec:
     Published weights (None for a family without a release): ``weights``, the family's
     :class:`~nemo_vfm.models.common.weights.WeightsAdapter` (folders, names, streaming load); ``save_weights(state,
     folder, cfg, layout)``: a whole model as a published folder (``vfm export --format diffusers|original``);
-    ``comfyui_lora(lora_state, cfg, rank, alpha, dtype)``: LoRA adapters in ComfyUI's layout. ``flops(cfg, seq_lens, text_lens,
-    grids)``: the analytic forward FLOPs (a :class:`~nemo_vfm.models.common.flops.FlopBreakdown`) of samples of
-    ``seq_lens`` video tokens, ``text_lens`` text tokens and ``(t, h, w)`` patch ``grids`` (the last two may be
-    None where the family does not need them); the step log's TFLOP/s and MFU. ``build_pipeline_stages``
-    and ``set_stage_grid``: None for a family without pipeline stages."""
+    ``comfyui_lora(lora_state, cfg, rank, alpha, dtype)``: LoRA adapters in ComfyUI's layout.
+
+    ``flops(cfg, seq_lens, text_lens, grids)``: the analytic forward FLOPs (a
+    :class:`~nemo_vfm.models.common.flops.FlopBreakdown`) of samples of ``seq_lens`` video tokens, ``text_lens`` text
+    tokens and ``(t, h, w)`` patch ``grids`` (the last two may be None where the family does not need them); the
+    step log's TFLOP/s and MFU. ``build_pipeline_stages`` and ``set_stage_grid``: None for a family without pipeline
+    stages."""
 
     name: str
     config: type
