@@ -51,7 +51,8 @@ class Fused:
     parts: tuple[str, ...]
 
     def pattern(self, template: str) -> re.Pattern:
-        esc = re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)").replace(re.escape("{p}"), r"(?P<p>weight|bias)")
+        esc = re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)")
+        esc = esc.replace(re.escape("{p}"), r"(?P<p>weight|bias)")
         return re.compile("^" + esc + "$")
 
 
@@ -104,7 +105,8 @@ class WeightsAdapter:
         return name
 
     def _special(self, name: str) -> bool:
-        return any(f.pattern(f.ours).match(name) for f in self.fused) or name.startswith(tuple(o for o, _ in self.swapped))
+        fused = any(f.pattern(f.ours).match(name) for f in self.fused)
+        return fused or name.startswith(tuple(o for o, _ in self.swapped))
 
     def to_diffusers_name(self, name: str) -> str:
         """Our parameter name (or a LoRA adapter's) -> diffusers'; a fused or reordered one raises."""
