@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from train_throughput import environment, time_steps, write_json  # noqa: E402
+from bench.harness import environment, write_json  # noqa: E402
+from bench.train_throughput import time_steps  # noqa: E402
 
 # name: (B, H, S, D, backward?) -- the self-attention of each model at its benchmark size
 SHAPES = {

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scaling import NO_MULTICAST  # noqa: E402
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench.harness import NO_MULTICAST  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
                 print(f"{op:15} {r['bytes'] / 2**20:10.3f} MiB {r['time_us']:11.1f} us  algbw {r['algbw_GBps']:8.2f} "
                       f"GB/s  busbw {r['busbw_GBps']:8.2f} GB/s", flush=True)
     if rank == 0:
-        from train_throughput import environment, write_json
+        from bench.harness import environment, write_json
 
         env = environment(device, a.commit)
         write_json(a.out, {**env, "world_size": n, "backend": dist.get_backend(), "dtype": str(dtype).removeprefix(

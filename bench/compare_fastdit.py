@@ -21,19 +21,17 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from recipe_throughput import RecipeCase, run_recipe  # noqa: E402
-from train_throughput import BenchSettings, environment, run_case, set_sdpa_backend, time_steps, write_json  # noqa: E402
-
-from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
+from bench.harness import RecipeCase, device_peak, environment, run_recipe, step_time, write_json  # noqa: E402  # noqa: E402  # noqa: E402
+from bench.train_throughput import BenchSettings, run_case, set_sdpa_backend, time_steps  # noqa: E402
+from nemo_vfm.models.flops import dit_forward_flops  # noqa: E402
 
 
 def load_fastdit(path: Path):
@@ -100,9 +98,9 @@ def fastdit_case(models, create_diffusion, batch: int, ckpt: bool, steps: int, w
 
         torch.cuda.reset_peak_memory_stats()
         times, _ = time_steps(step, steps, warmup, device)
-        dt = statistics.median(times)
+        dt = step_time(times)
         cfg_flops = dit_forward_flops(_xl_cfg(), [256] * batch).train_step
-        peak = peak_tflops(torch.cuda.get_device_name(device))
+        peak = device_peak(device)
         res.update({"step_s": dt, "samples_per_s": batch / dt, "tokens_per_s": 256 * batch / dt,
                     "model_tflops": cfg_flops / dt / 1e12, "mfu": cfg_flops / dt / 1e12 / peak if peak else None,
                     "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30})

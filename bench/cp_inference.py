@@ -38,7 +38,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import device_peak  # noqa: E402
 
 
 def out_dir() -> Path:
@@ -172,7 +175,7 @@ def run(args) -> int:
         "text_encoder": args.text_encoder, "steps": args.steps, "sampler": args.sampler, "nfe": nfe,
         "guidance": args.guidance, "dtype": str(dtype).replace("torch.", ""),
         "video_shape": list(videos.shape), "times": times, "ms_per_nfe": 1e3 * times["denoise_s"] / nfe,
-        "model_tflops_per_gpu": tflops_gpu, "mfu": tflops_gpu / args.peak_tflops, "build_s": build_s,
+        "model_tflops_per_gpu": tflops_gpu, "mfu": tflops_gpu / peak if (peak := args.peak_tflops or device_peak(device)) else None, "build_s": build_s,
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
     }
@@ -268,7 +271,8 @@ def main() -> int:
     ap.add_argument("--tokenizer-width", type=int, default=64)
     ap.add_argument("--decode-tile", type=int, default=256, help="decode tile size in pixels")
     ap.add_argument("--warmup-steps", type=int, default=2)
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU (H100/H200 SXM)")
+    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak per GPU (default: the device's, from "
+                    "nemo_vfm.models.flops)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu (gloo smoke test)")

@@ -12,8 +12,8 @@ steps on random latents and T5-sized text (512 x 4096). On one GPU there is noth
 16 bytes/parameter of fp32 AdamW training over (7B x 16 B = 112 GB), so ``--cp 1`` defaults to pure
 bf16 weights with SGD (``--optimizer``/``--pure-bf16`` override): the compute per step is the same.
 
-Reports tokens/s/GPU, model TFLOP/s/GPU and MFU (of ``--peak-tflops``, default H100 SXM dense bf16
-989), step time and peak memory; writes JSON to ``$OUT`` (or ``bench/results``). Model FLOPs count
+Reports tokens/s/GPU, model TFLOP/s/GPU and MFU (of ``--peak-tflops``, default the device's dense bf16 peak in
+``nemo_vfm.models.flops``), step time and peak memory; writes JSON to ``$OUT`` (or ``bench/results``). Model FLOPs count
 the matmuls of all linear layers per token (6 x weights for forward + backward) and attention
 (self: 12 x S x D per token per layer; cross: 12 x L_text x D), not the recomputation.
 """
@@ -31,7 +31,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import device_peak, step_time  # noqa: E402
 
 
 def model_flops_per_token(cfg, tokens: int, text_len: int) -> float:
@@ -65,7 +68,7 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--peak-tflops", type=float, help="default: the device's dense bf16 peak")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
@@ -79,8 +82,7 @@ def main() -> int:
     from nemo_vfm.parallel.mesh import build_mesh
 
     if args.attention_backend in ("flash", "cudnn"):  # the SDPA kernel of a2a / non-CP attention
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from train_throughput import set_sdpa_backend
+        from bench.train_throughput import set_sdpa_backend
 
         set_sdpa_backend(args.attention_backend)
     dist.init_process_group("nccl")
@@ -138,7 +140,8 @@ def main() -> int:
         losses.append(loss.item())
     if not all(map(math.isfinite, losses)):  # a broken step can look fast: never report its speed
         raise SystemExit(f"non-finite loss {losses}: the run diverged or computed wrong gradients")
-    step_s = sorted(times)[len(times) // 2]
+    step_s = step_time(times)
+    peak = args.peak_tflops or device_peak(device)
     tok_s_gpu = args.batch * tokens / step_s / world
     flops_tok = model_flops_per_token(cfg, tokens, args.text_len)
     tflops = tok_s_gpu * flops_tok / 1e12
@@ -148,7 +151,7 @@ def main() -> int:
         "activation_checkpointing": args.ac, "attention_backend": args.attention_backend, "optimizer": optimizer,
         "pure_bf16": pure_bf16, "compile": args.compile,
         "step_s_median": step_s, "tokens_per_s_per_gpu": tok_s_gpu, "model_tflops_per_gpu": tflops,
-        "mfu": tflops / args.peak_tflops, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "mfu": tflops / peak, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
     }
     if rank == 0:
@@ -158,7 +161,7 @@ def main() -> int:
         (out / name).write_text(json.dumps(result, indent=1))
         print(json.dumps({k: v for k, v in result.items() if k != "losses"}, indent=1))
         print(f"| DiT-{args.flavor} | {tokens} | {world} GPU, CP={cp} TP={args.tp} AC={args.ac} | "
-              f"{tok_s_gpu:.0f} tokens/s/GPU | {tflops:.0f} TFLOP/s/GPU | MFU {100 * tflops / args.peak_tflops:.1f}% | "
+              f"{tok_s_gpu:.0f} tokens/s/GPU | {tflops:.0f} TFLOP/s/GPU | MFU {100 * tflops / peak:.1f}% | "
               f"{result['peak_mem_gib']:.1f} GiB |")
     dist.destroy_process_group()
     return 0

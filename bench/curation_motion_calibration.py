@@ -17,11 +17,13 @@ import datetime
 import io
 import json
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import git_commit  # noqa: E402
 
 # (size px, speed px/frame, noise levels, h264)
 CASES = [(40, 3.0, 0, False), (40, 3.0, 3, True), (40, 1.0, 0, False), (20, 1.0, 3, False), (10, 1.0, 0, False),
@@ -65,13 +67,10 @@ def main(argv=None) -> int:
     from nemo_vfm.curation.filters import CHANGE_THRESHOLD, MIN_MOTION, MIN_MOVING_AREA
 
     rows = [measure(*c) for c in CASES]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = git_commit()
     record = {"bench": "curation_motion_calibration", "device": f"cpu ({platform.processor() or platform.machine()})",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+              "command": " ".join(sys.argv),
               "thresholds": {"min_motion": MIN_MOTION, "min_moving_area": MIN_MOVING_AREA,
                              "change_threshold": CHANGE_THRESHOLD}, "rows": rows}
     out = Path(args.results) / "curation_motion_calibration.json"

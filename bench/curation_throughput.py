@@ -19,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import git_commit  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -72,7 +75,8 @@ def main(argv=None) -> int:
         "bottleneck": rep.bottleneck, "workers": {s.name: s.workers for s in rep.stages},
     }
     record = {
-        "benchmark": "curation_throughput", "date": time.strftime("%Y-%m-%d %H:%M"),
+        "benchmark": "curation_throughput", "date": time.strftime("%Y-%m-%d %H:%M"), "commit": git_commit(),
+        "command": " ".join(sys.argv),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg_before": [round(x, 2) for x in load_before],
                     "load_avg_after": [round(x, 2) for x in os.getloadavg()]},

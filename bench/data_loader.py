@@ -15,9 +15,15 @@ import argparse
 import json
 import platform
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import environment  # noqa: E402
 
 # (frames, height, width): images and clips of several lengths and aspect ratios
 SIZES = ((8, 32, 32), (6, 32, 48), (4, 48, 32), (8, 16, 16), (12, 24, 24), (1, 32, 32), (1, 48, 48), (1, 32, 64),
@@ -102,7 +108,7 @@ def main() -> int:
                          "num_workers": workers,
                          **loader_rate(data, args.batches, micro_batch_size=1, max_seq_length=cap, pad_to_multiple=8,
                                        packing_buffer_size=64, num_workers=workers)})
-    result = {"device": f"CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}",
+    result = {**environment("cpu"), "device": f"CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}",
               "threads": torch.get_num_threads(), "prepare": prep, "loader": runs, "ffd": ffd_table()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

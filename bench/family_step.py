@@ -8,7 +8,7 @@
 
 Ours: ``launchers/train.py --factory F --yes model.pretrained=None data=mock data.num_frames=T data.height=H
 data.width=W ...`` (``recipe_throughput.run_recipe``: a subprocess, the recipe's layout, checkpointing and compile
-settings, random weights and latents; the figures are the run's ``perf.jsonl``). Theirs: the same architecture in
+settings, random weights and latents; the figures are the run's ``perf.jsonl`` through ``bench.harness``). Theirs: the same architecture in
 diffusers (our config converted by the family's ``config_to_diffusers``), random bf16 weights, the same latent and
 text sizes, diffusers' ``enable_gradient_checkpointing()``; LoRA through peft (``add_adapter``) on the same linears
 with the recipe's rank and alpha, full fine-tuning with fp32 master weights and fused AdamW (as ours); the loss is
@@ -24,13 +24,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +187,9 @@ def _nearest_resize_shim() -> None:
 def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps: int, warmup: int) -> dict:
     """diffusers' (+ peft) fine-tuning step of ``case``: ms/step (median), peak GiB, trainable parameters."""
     import torch
-    from train_throughput import MasterWeights, time_steps
+
+    from bench.harness import step_time
+    from bench.train_throughput import MasterWeights, time_steps
 
     dev = torch.device(device)
     dtype = torch.bfloat16  # on the CPU too: the smoke run takes the GPU's path
@@ -228,14 +228,14 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
     times, losses = time_steps(step, steps, warmup, dev)
     if not all(v == v and abs(v) < 1e6 for v in losses):
         raise RuntimeError(f"diffusers {case.factory}: non-finite loss {losses}")
-    return {"path": "diffusers" + (" + peft" if case.lora else ""), "ms": 1e3 * statistics.median(times),
+    return {"path": "diffusers" + (" + peft" if case.lora else ""), "ms": 1e3 * step_time(times),
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
             "trainable_params": sum(p.numel() for p in trainable)}
 
 
 # -- the bench -----------------------------------------------------------------------------------------------
 def run_case(name: str, case: Case, a) -> dict:
-    from recipe_throughput import RecipeCase, run_recipe
+    from bench.harness import RecipeCase, run_recipe
 
     latent, text = (TINY_LATENT, TINY_TEXT) if a.tiny else (case.latent, case.text)
     res = {"case": name, "factory": case.factory, "size": case.size if not a.tiny else "tiny",
@@ -306,8 +306,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from recipe_throughput import environment
-    from train_throughput import write_json
+    from bench.harness import environment, write_json
 
     a = parse_args(argv)
     results = []

@@ -29,12 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from scaling import NO_MULTICAST, child_env, rank_tail, run_logged  # noqa: E402
-from train_throughput import write_json  # noqa: E402
+from bench.harness import NO_MULTICAST, child_env, rank_tail, run_logged, write_json  # noqa: E402
 
 STAGES = re.compile(r"text encode ([\d.]+)s, denoise ([\d.]+)s, decode ([\d.]+)s")
 HEADER = re.compile(r"\((\d+)x(\d+)x(\d+)x(\d+) latents\) on (\d+) process\(es\): (.*?), (\S+) x (\d+) steps")
@@ -187,7 +185,7 @@ def main(argv=None) -> int:
         given = baseline_row(a.baseline, a.ckpt, a.steps, a.gen_args) if a.baseline else None
     except (OSError, ValueError) as e:
         p.error(str(e))
-    from recipe_throughput import environment
+    from bench.harness import environment
 
     command = "python bench/generate_scaling.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     env = environment("cpu", a.commit)  # the GPU's name after the runs: no CUDA context of ours beside them

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from nemo_vfm.data.synthetic_video import ShapeClipSpec, make_clip  # noqa: E402
 from nemo_vfm.diffusion import samplers  # noqa: E402

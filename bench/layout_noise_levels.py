@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from nemo_vfm.data.synthetic_video import ShapeClipSpec, render_shape_clip  # noqa: E402
 from nemo_vfm.io.video import frames_to_tensor  # noqa: E402

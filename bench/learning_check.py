@@ -19,20 +19,24 @@ captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
     # the training losses of finished runs side by side
     python bench/learning_check.py --compare dense=RUN_A sta=RUN_B --out losses.png
 
-Writes ``OUT/learning_check.json`` (device, date, commit, command, config, loss per step, the metric per
-evaluation, wall time) and ``OUT/learning_check.png`` (loss curve and pass rate over steps).
+Writes ``OUT/learning_check.json`` (device, date, commit, command, config, the mean loss of each log interval
+(``trainer.log_every_n_steps``), the metric per evaluation, wall time, the step time from ``perf.jsonl`` through
+``bench.harness.read_perf``) and ``OUT/learning_check.png`` (loss curve and pass rate over steps).
 """
 
 import argparse
 import dataclasses
 import datetime
 import json
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import git_commit, pyplot, read_perf, save_figure  # noqa: E402
 
 
 def preset(name: str) -> dict:
@@ -111,21 +115,17 @@ def _set(cfg: dict, assignment: str) -> None:
         obj.__post_init__()  # validate the changed value
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def loss_means(rows: list[dict], every: int) -> list[dict]:
+    """``{"step", "loss"}`` rows: the mean training loss of each ``every`` steps (the log interval), at its last
+    step (a per-step log summarised: what a result keeps of it)."""
+    groups: dict[int, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["step"] - 1) // every, []).append(r)
+    return [{"step": g[-1]["step"], "loss": statistics.fmean(r["loss"] for r in g)} for g in groups.values()]
 
 
 def plot(result: dict, out_png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(10, 3.6), dpi=110)
     a.plot([r["step"] for r in result["loss"]], [r["loss"] for r in result["loss"]], lw=0.8)
     a.set(xlabel="step", ylabel="training loss", yscale="log", title=f"{result['preset']}: loss")
     evals = result["evals"]
@@ -137,43 +137,37 @@ def plot(result: dict, out_png: Path) -> Path:
     b.legend(fontsize=7)
     for ax in (a, b):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png)
 
 
 def compare_losses(runs: dict[str, Path], out_png: Path, window: int = 100) -> Path:
-    """Training-loss curves of several runs (folders with ``metrics.jsonl`` or ``learning_check.json``), each smoothed over ``window`` steps, in
-    one plot (e.g. dense vs sparse attention with the same preset and steps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Training-loss curves of several runs (folders with ``metrics.jsonl``, ``learning_check.json`` or
+    ``metrics_summary.json``), each smoothed over ``window`` steps, in one plot (e.g. dense vs sparse attention with
+    the same preset and steps)."""
     import numpy as np
 
     from nemo_vfm.lightning.callbacks import read_metrics
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=110)
+    fig, ax = pyplot().subplots(figsize=(6.5, 3.6), dpi=110)
     for label, folder in runs.items():
         metrics, result = Path(folder) / "metrics.jsonl", Path(folder) / "learning_check.json"
+        if not result.exists():
+            result = Path(folder) / "metrics_summary.json"
         if metrics.exists():
             rows = [r for r in read_metrics(metrics) if "loss" in r]
-        else:  # a result folder under bench/results: the losses its learning_check.json recorded
+        else:  # a result folder under bench/results: the losses its learning_check.json recorded (interval means)
             rows = json.loads(result.read_text())["loss"] if result.exists() else []
         if not rows:
             raise ValueError(f"{folder} has no loss rows (metrics.jsonl or learning_check.json)")
         steps, loss = np.array([r["step"] for r in rows]), np.array([r["loss"] for r in rows])
-        w = max(1, min(window, len(loss)))
-        ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), lw=1.0, label=f"{label} ({w}-step mean)")
+        spacing = int(steps[1] - steps[0]) if len(steps) > 1 else 1  # 1: per step; k: means of k steps
+        w = max(1, min(window // spacing, len(loss)))
+        ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), lw=1.0,
+                label=f"{label} ({w * spacing}-step mean)")
     ax.set(xlabel="step", ylabel="training loss", yscale="log", title="training loss")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
-    plt.close(fig)
-    return Path(out_png)
+    return save_figure(fig, out_png)
 
 
 def main(argv=None) -> int:
@@ -219,21 +213,21 @@ def main(argv=None) -> int:
     summary = train(**cfg)
     wall = time.time() - t0
     rows = read_metrics(Path(summary["exp_dir"]) / "metrics.jsonl")
-    loss = [{"step": r["step"], "loss": r["loss"]} for r in rows if "loss" in r]
+    loss = loss_means([r for r in rows if "loss" in r], cfg["trainer"].log_every_n_steps)
     evals = [{k: v for k, v in r.items() if k == "step" or k.startswith("samples/")} for r in rows
              if "samples/pass_rate" in r]
     perf_file = Path(summary["exp_dir"]) / "perf.jsonl"  # written every log_every_n_steps
-    perf = read_metrics(perf_file) if perf_file.exists() else []
-    step_times = sorted(r["step_time_s"] for r in perf if "step_time_s" in r)
+    step_s = read_perf(perf_file, skip=1)["step_s"] if perf_file.exists() else None
     final = evals[-1]["samples/pass_rate"] if evals else None
     result = {
         "preset": args.preset, "goal": args.goal, "reached": final is not None and final >= args.goal,
         "final_pass_rate": final, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
         and cfg["trainer"].accelerator == "gpu" else "cpu", "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit or _commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit or git_commit(short=False),
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "wall_s": round(wall, 1),
-        "step_time_s_median": step_times[len(step_times) // 2] if step_times else None,
-        "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss": loss, "evals": evals,
+        "step_time_s_median": step_s,
+        "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss_every": cfg["trainer"].log_every_n_steps,
+        "loss": loss, "evals": evals,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_check.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -31,11 +31,20 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from recipe_throughput import environment  # noqa: E402
-from train_throughput import write_json  # noqa: E402
+from bench.harness import (  # noqa: E402
+    ROOT,
+    bookkeeping,
+    environment,
+    load_recipe,
+    perf_rows,
+    pyplot,
+    read_perf,
+    save_figure,
+    write_json,
+)
 
 FRAMES_81 = 21  # latent frames of 81 video frames (4x temporal compression + 1)
 CASES = {  # name -> (factory, latent (T, H, W), overrides)
@@ -75,21 +84,11 @@ def parse_case(spec: str) -> tuple[str, tuple]:
 def case_recipe(spec: dict):
     """The case's recipe (a Fiddle config of ``train``): its factory, ``spec["overrides"]``, random weights, random
     latents of the case's clip size."""
-    import catalogue
     import fiddle as fdl
-    from nemo_run.config import get_type_namespace
-    from recipe_throughput import _set_override
-
-    sys.path.insert(0, str(ROOT / "launchers"))
-    import train as launcher  # launchers/train.py
 
     from nemo_vfm.data.synthetic import MockLatentDataModule
-    from nemo_vfm.train import train
 
-    launcher.register_recipes()
-    recipe = catalogue._get((get_type_namespace(train), spec["factory"]))()
-    for item in spec["overrides"]:
-        _set_override(recipe, item)
+    recipe = load_recipe(spec["factory"], spec["overrides"])
     if hasattr(recipe.model, "pretrained"):
         recipe.model.pretrained = None
     m = recipe.model
@@ -193,12 +192,8 @@ def own_env() -> dict:
 def run_case(name: str, case: tuple, budget: float, args) -> dict:
     factory, latent, extra = case
     with tempfile.TemporaryDirectory(prefix="vfm-mem-") as tmp:
-        overrides = [*extra, *args.overrides, f"trainer.memory_budget_gb={budget}", f"trainer.max_steps={args.steps}",
-                     f"trainer.log_every_n_steps={args.every}", f"log.root={tmp}", f"log.name={name}",
-                     "log.tensorboard=false", "sampling.enabled=false", f"trainer.checkpoint_every_n_steps={10 * args.steps}",
-                     "trainer.final_checkpoint=false", "trainer.enable_progress_bar=false"]
-        if args.device == "cpu":
-            overrides.append("trainer.accelerator=cpu")
+        overrides = [*extra, *args.overrides, f"trainer.memory_budget_gb={budget}",
+                     *bookkeeping(name, Path(tmp), args.steps, args.every, args.device)]
         spec = {"factory": factory, "latent": latent, "budget": budget, "device": args.device, "overrides": overrides}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
         t0 = time.perf_counter()
@@ -212,12 +207,12 @@ def run_case(name: str, case: tuple, budget: float, args) -> dict:
                "wall_s": round(time.perf_counter() - t0, 1), "chosen": re.findall(r"^memory budget .*$", log, re.M)[:1]}
         res["error"] = classify(log, rc) if rc != -1 else f"timeout after {args.timeout:.0f} s"
         perf = Path(tmp) / name / "perf.jsonl"
-        rows = [json.loads(x) for x in perf.read_text().splitlines() if x.strip()] if perf.is_file() else []
+        rows = perf_rows(perf) if perf.is_file() else []
         res["last_logged_step"] = rows[-1]["step"] if rows else 0  # how far a run that failed got
         if rows:  # the first interval holds compilation and warm-up: s/step only from the later ones
-            steps = sorted(r["step_time_s"] for r in rows[1:] if r.get("step_time_s"))
-            res["step_s"] = steps[len(steps) // 2] if steps else None
-            res["peak_mem_gib"] = max((r.get("peak_mem_gib") or 0) for r in rows) or None
+            figures = read_perf(perf, skip=1)
+            res["step_s"] = figures["step_s"] if len(rows) > 1 else None
+            res["peak_mem_gib"] = figures["peak_mem_gib"]
         if res["error"]:
             res["log_tail"] = log.splitlines()[-LOG_TAIL:]
     return res
@@ -252,12 +247,7 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     for case in dict.fromkeys(r["case"] for r in results):
         rows = [r for r in results if r["case"] == case]
         pts = sorted((r["budget_gib"], r["step_s"], not r["error"]) for r in rows if r.get("step_s"))
@@ -271,9 +261,7 @@ def plot(results: list[dict], path: Path) -> None:
     ax.set_ylabel("s / step")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def merge(files: list[Path], out: Path) -> None:

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from train_throughput import environment, table, time_steps, write_json  # noqa: E402
+from bench.harness import environment, step_time, write_json  # noqa: E402
+from bench.train_throughput import table, time_steps  # noqa: E402
 
 TEXT_DIM, TEXT_LEN, CHANNELS = 4096, 512, 16
 
@@ -126,7 +126,7 @@ def run_case(name: str, cfg, device, args, pmesh=None) -> dict:
         return {"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     if not all(map(lambda v: v == v and abs(v) < float("inf"), losses)):
         raise RuntimeError(f"{name}: non-finite loss {losses}")
-    step_s = statistics.median(times)
+    step_s = step_time(times)
     count, active = net.bench_counts
     out = {"name": name, "step_s": step_s, "samples_per_s": args.batch / step_s,
            "tokens_per_s": args.batch * tokens / step_s, "tokens_per_s_per_gpu": args.batch * tokens / step_s,

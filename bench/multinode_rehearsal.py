@@ -33,12 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from recipe_throughput import environment, read_perf  # noqa: E402
-from scaling import NO_MULTICAST  # noqa: E402
-from train_throughput import write_json  # noqa: E402
+from bench.harness import NO_MULTICAST, ROOT, bookkeeping, environment, read_perf, write_json  # noqa: E402
 
 # srun stand-in: `srun [options] cmd...` runs cmd once per node (--nodes=N, default 1) with SLURM_NODEID and, on
 # CUDA, that node's slice of the host's GPUs; it waits for all and exits with the first failure.
@@ -113,21 +111,20 @@ def read_log_figures(text: str) -> dict:
 
 
 def perf_figures(path: Path, after_step: int = 0) -> dict:
-    """``read_perf``'s medians over the log rows after ``after_step`` (the first interval dropped as warm-up)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    rows = [r for r in rows if r.get("step", 0) > after_step]
-    if not rows:
+    """``read_perf``'s figures over the log rows after ``after_step`` (the first interval dropped as warm-up); none
+    for a run that logged nothing."""
+    try:
+        figures = read_perf(path, skip=1, after_step=after_step)
+    except (OSError, RuntimeError):
         return {}
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as f:
-        f.write("\n".join(json.dumps(r) for r in rows))
-        f.flush()
-        return read_perf(Path(f.name), skip=1)
+    figures.pop("last_logged_step")
+    return figures
 
 
-def bookkeeping(args, steps: int, root: Path) -> list[str]:
-    return [*args.overrides, f"trainer.max_steps={steps}", f"trainer.log_every_n_steps={args.every}",
-            f"trainer.checkpoint_every_n_steps={args.steps}", f"log.root={root}", f"log.name={args.factory}",
-            "log.tensorboard=false", "sampling.enabled=false", "trainer.enable_progress_bar=false"]
+def run_overrides(args, steps: int, root: Path) -> list[str]:
+    """The case's overrides and the harness's bookkeeping, with a checkpoint at the first run's last step."""
+    return [*args.overrides, *bookkeeping(args.factory, root, steps, args.every, args.device,
+                                          checkpoint_every=args.steps)]
 
 
 def run_multinode(args, work: Path, env: dict) -> dict:
@@ -140,7 +137,7 @@ def run_multinode(args, work: Path, env: dict) -> dict:
            "REPO": str(ROOT), "PYTHON": sys.executable, "REHEARSAL_DEVICE": args.device,
            "REHEARSAL_PER_NODE": str(args.per_node), "REHEARSAL_LOGS": str(logs)}
     cmd = ["bash", str(ROOT / "launchers" / "slurm" / "train.sbatch"), "--factory", args.factory,
-           *bookkeeping(args, args.steps, work), f"trainer.num_nodes={args.nodes}", f"trainer.devices={args.per_node}"]
+           *run_overrides(args, args.steps, work), f"trainer.num_nodes={args.nodes}", f"trainer.devices={args.per_node}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
     text = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob("node*.log")))
@@ -158,7 +155,7 @@ def run_resume(args, work: Path, env: dict) -> dict:
     log = work / "logs" / "resume.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(args.resume_nprocs), str(ROOT / "launchers" / "train.py"), "--factory", args.factory, "--yes",
-           *bookkeeping(args, 2 * args.steps, work)]
+           *run_overrides(args, 2 * args.steps, work)]
     if args.device == "cuda":
         env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(args.resume_nprocs))}
     t0 = time.perf_counter()

@@ -27,11 +27,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "parallel"))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import equivalence as E  # noqa: E402  (tests/parallel/equivalence.py)
-
+from bench import equivalence as E  # noqa: E402
 from nemo_vfm.parallel.dims import ParallelDims  # noqa: E402
 
 LAYOUTS = {

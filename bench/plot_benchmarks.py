@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import peak_tflops, pyplot, save_figure  # noqa: E402
 
 
 def _load(folder: Path, name: str) -> dict | None:
@@ -19,12 +25,7 @@ def _load(folder: Path, name: str) -> dict | None:
 
 
 def plot(results: Path, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]})
+    fig, axes = pyplot().subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1]})
     fd = _load(results, "fastdit_h100.json")
     if fd:
         rows = [r for r in fd["results"] if "error" not in r]
@@ -53,7 +54,8 @@ def plot(results: Path, out: Path) -> Path:
         ax.axhline(52.5, color="tab:orange", ls=":", label="NeMo 52.5%")
         for i, r in enumerate(rows):
             ax.text(i, 100 * r["mfu"] + 1, f"{100 * r['mfu']:.1f}%", ha="center", fontsize=8)
-        ax.set_ylabel("MFU (% of 989 TFLOP/s)")
+        peak = peak_tflops(b7["device"])  # the table the runs' MFU used
+        ax.set_ylabel(f"MFU (% of {peak:g} TFLOP/s)" if peak else "MFU (%)")
         ax.set_title("DiT-7B, 8,192 tokens, 512 text", fontsize=10)
         ax.tick_params(axis="x", labelsize=7, rotation=15)
         ax.legend(fontsize=8, loc="lower left")
@@ -70,10 +72,7 @@ def plot(results: Path, out: Path) -> Path:
         ax.tick_params(axis="x", labelsize=7, rotation=15)
     fig.suptitle(f"nemo-vfm single-GPU training, {(fd or b7 or pk or {}).get('device', '')}, "
                  f"{(fd or b7 or pk or {}).get('date', '')}", fontsize=11)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, out)
 
 
 def main(argv=None) -> int:

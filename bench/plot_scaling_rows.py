@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import pyplot, save_figure  # noqa: E402
 
 
 def read_bar(spec: str) -> dict:
@@ -36,14 +42,9 @@ def read_bar(spec: str) -> dict:
 
 
 def plot(bars: list[dict], out: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = list(dict.fromkeys(b["group"] for b in bars))
     sizes = [sum(b["group"] == g for b in bars) for g in groups]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 0.55 * sum(sizes) + 1.1 * len(groups)), squeeze=False,
+    fig, axes = pyplot().subplots(len(groups), 1, figsize=(10, 0.55 * sum(sizes) + 1.1 * len(groups)), squeeze=False,
                              gridspec_kw={"height_ratios": sizes})
     for ax, group in zip(axes[:, 0], groups):
         rows = [b for b in bars if b["group"] == group]
@@ -58,11 +59,7 @@ def plot(bars: list[dict], out: Path, title: str) -> Path:
         ax.set_title(group)
         ax.set_xlabel("tokens/s per GPU")
     fig.suptitle(title)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main(argv=None) -> int:

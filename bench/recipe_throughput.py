@@ -5,10 +5,10 @@
     python bench/recipe_throughput.py --factory quickstart --device cpu --steps 4 --every 2   # CPU smoke run
 
 Each case runs ``launchers/train.py`` in a subprocess, as a user would, with the factory's defaults plus the
-case's overrides (and only bookkeeping ones added: step count, log cadence, a temporary run folder, no
-sampling previews, no periodic checkpoints), then reads the run's ``perf.jsonl`` (the step log's figures:
-step time between optimizer steps including data loading, tokens/s, model TFLOP/s, MFU, peak memory).
-The first ``--skip`` log intervals (compilation, warm-up) are dropped; the median of the rest is reported.
+case's overrides (``bench.harness.run_recipe``: only bookkeeping overrides added, no sampling previews, no
+periodic checkpoints), then reads the run's ``perf.jsonl`` (``bench.harness.read_perf``: step time between
+optimizer steps including data loading, tokens/s, model TFLOP/s, MFU, peak memory). The first ``--skip`` log
+intervals (compilation, warm-up) are dropped; the median of the rest is reported.
 
 ``--profile`` instead runs each case in this process (the same objects ``launchers/train.py`` builds from the
 factory, with simple ``key=value`` overrides) under ``torch.profiler`` for a few steps after warm-up, and
@@ -23,31 +23,16 @@ for the same model and batch in the same run, so the table shows how close the u
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-
-@dataclass(kw_only=True)
-class RecipeCase:
-    """One ``launchers/train.py`` run; ``reference`` (``train_throughput.BenchSettings`` keywords) times the bare
-    bench step of the same model and batch."""
-
-    name: str
-    factory: str
-    overrides: list[str] = field(default_factory=list)
-    reference: dict | None = None
-
+from bench.harness import RecipeCase, environment, load_recipe, run_recipe, write_json  # noqa: E402
 
 SUITES = {
     # the three settings of issue 14: DiT-XL T2V at 2,048 tokens, DiT-7B at 8,192 tokens (4 of its 28 layers:
@@ -69,64 +54,11 @@ SUITES = {
 }
 
 
-def _launcher_cmd(case: RecipeCase, run_root: Path, steps: int, every: int, device: str) -> list[str]:
-    extra = [f"trainer.max_steps={steps}", f"trainer.log_every_n_steps={every}", f"log.root={run_root}",
-             f"log.name={case.name}", "log.tensorboard=false", "sampling.enabled=false",
-             f"trainer.checkpoint_every_n_steps={10 * steps}", "trainer.final_checkpoint=false",
-             "trainer.enable_progress_bar=false"]
-    if device == "cpu":
-        extra.append("trainer.accelerator=cpu")
-    return [sys.executable, str(ROOT / "launchers" / "train.py"), "--factory", case.factory, "--yes",
-            *case.overrides, *extra]
-
-
-def read_perf(path: Path, skip: int, max_step: int | None = None) -> dict:
-    """Median figures of a run's ``perf.jsonl`` after dropping the first ``skip`` log intervals (and any logged
-    after ``max_step``: profiled steps)."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    try:
-        json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:  # a run killed while writing its last row
-        lines = lines[:-1]
-    rows = [r for r in map(json.loads, lines) if max_step is None or r["step"] <= max_step]
-    kept = rows[skip:] or rows[-1:]
-    if not kept:
-        raise RuntimeError(f"{path} has no rows")
-
-    def med(key):
-        vals = [r[key] for r in kept if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-
-    return {"step_s": med("step_time_s"), "samples_per_s": med("samples_per_s"),
-            "tokens_per_s_per_gpu": med("tokens_per_s_per_gpu"), "model_tflops": med("model_tflops_per_gpu"),
-            "mfu": med("mfu"), "peak_mem_gib": max((r.get("peak_mem_gib") or 0) for r in rows) or None,
-            "intervals": len(kept), "steps_timed": sum(r["steps"] for r in kept),
-            "startup_s": rows[0].get("startup_s")}
-
-
-def run_recipe(case: RecipeCase, steps: int, every: int, skip: int, device: str = "cuda") -> dict:
-    """Run ``launchers/train.py`` for ``case`` and return its figures (or ``error``)."""
-    res = {"name": case.name, "path": "launchers/train.py", "factory": case.factory, "overrides": case.overrides}
-    with tempfile.TemporaryDirectory(prefix="vfm-bench-") as tmp:
-        cmd = _launcher_cmd(case, Path(tmp), steps, every, device)
-        res["command"] = " ".join(cmd[1:]).replace(str(ROOT) + "/", "").replace(tmp, "TMP")
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        res["wall_s"] = round(time.perf_counter() - t0, 1)
-        log = (p.stdout + p.stderr).splitlines()
-        res["step_log"] = [line for line in log if line.startswith("step ")][-3:]
-        perf = Path(tmp) / case.name / "perf.jsonl"
-        if p.returncode != 0 or not perf.exists():
-            res["error"] = f"exit {p.returncode}: " + " | ".join(log[-6:])[-600:]
-            return res
-        res.update(read_perf(perf, skip))
-    return res
-
-
 def run_reference(case: RecipeCase, device: str) -> dict:
     """The bare bench step (``bench/train_throughput.py``) for the same model and batch."""
     import torch
-    from train_throughput import BenchSettings, run_case
+
+    from bench.train_throughput import BenchSettings, run_case
 
     s = BenchSettings(name=f"{case.name} (bench step)", **case.reference)
     r = run_case(s, torch.device(device))
@@ -134,45 +66,20 @@ def run_reference(case: RecipeCase, device: str) -> dict:
     return r
 
 
-def _set_override(recipe, item: str) -> None:
-    """``a.b.c=value`` on a Fiddle config tree (value parsed as a Python literal, else kept as a string)."""
-    import ast
-
-    key, value = item.split("=", 1)
-    try:
-        value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        value = {"true": True, "false": False, "null": None}.get(value.lower(), value)
-    *path, last = key.split(".")
-    node = recipe
-    for part in path:
-        node = getattr(node, part)
-    setattr(node, last, value)
-
-
 def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: str = "cuda") -> dict:
     """Profile ``steps`` training steps of ``case`` (in this process) after ``warmup`` steps."""
-    import catalogue
     import fiddle as fdl
     import lightning as L
     import torch
-    from nemo_run.config import get_type_namespace
     from torch.profiler import ProfilerActivity, profile
-    from train_throughput import is_annotation
 
-    sys.path.insert(0, str(ROOT / "launchers"))
-    import train as launcher  # launchers/train.py
+    from bench.train_throughput import is_annotation
 
-    from nemo_vfm.train import train
-
-    launcher.register_recipes()
-
-    recipe = catalogue._get((get_type_namespace(train), case.factory))()
     tmp = tempfile.mkdtemp(prefix="vfm-prof-")
-    for item in [*case.overrides, f"trainer.max_steps={warmup + steps + 1}", "trainer.log_every_n_steps=1000",
-                 f"log.root={tmp}", "log.tensorboard=false", "sampling.enabled=false",
-                 "trainer.checkpoint_every_n_steps=100000", "trainer.enable_progress_bar=false"]:
-        _set_override(recipe, item)
+    recipe = load_recipe(case.factory, [
+        *case.overrides, f"trainer.max_steps={warmup + steps + 1}", "trainer.log_every_n_steps=1000",
+        f"log.root={tmp}", "log.tensorboard=false", "sampling.enabled=false",
+        "trainer.checkpoint_every_n_steps=100000", "trainer.enable_progress_bar=false"])
     result: dict = {"name": case.name, "path": "launchers/train.py objects, profiled"}
 
     def _sync():
@@ -237,13 +144,6 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
     return result
 
 
-def environment(device: str, commit: str | None) -> dict:
-    import torch
-    from train_throughput import environment as env
-
-    return env(torch.device(device), commit)
-
-
 def table(results: list[dict]) -> str:
     lines = [f"{'case':34} {'path':30} {'step ms':>8} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'GiB':>6}"]
     for r in results:
@@ -301,7 +201,7 @@ def main(argv=None) -> int:
                 for row in r.get(k, [])[:12]:
                     print(f"  {k[4:]} {row['ms']:8.2f} ms x{row['calls']:<5} {row['name']}")
             if a.out:
-                Path(a.out).write_text(json.dumps({**env, "results": results}, indent=1, default=str))
+                write_json(a.out, env, results)
         return 0
     for case in cases:
         results.append(run_recipe(case, a.steps, a.every, a.skip, a.device))
@@ -316,8 +216,7 @@ def main(argv=None) -> int:
                 if ours.get("peak_mem_gib") and ref.get("peak_mem_gib"):
                     ours["mem_vs_bench_step"] = ours["peak_mem_gib"] / ref["peak_mem_gib"]
         if a.out:
-            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps({**env, "results": results}, indent=1, default=str))
+            write_json(a.out, env, results)
     print(f"\n{env['device']}  torch {env['torch']}  {env['date']}  commit {env['commit']}")
     print(table(results))
     for r in results:

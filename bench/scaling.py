@@ -14,13 +14,13 @@ several N on one host, read from each run's ``perf.jsonl``.
         --set model.num_layers=2 --set model.hidden_size=64 --out /tmp/s.json
 
 Every N (N=1 too) goes through ``torchrun --standalone`` so that the path is the same; the bookkeeping
-overrides are ``bench/recipe_throughput.py``'s (step count, log cadence, a temporary run folder, no sampling
+overrides are the harness's (``bench.harness.launcher_cmd``: step count, log cadence, a temporary run folder, no sampling
 previews, no periodic checkpoints). The child environment has NVLink multicast off (``NCCL_NVLS_ENABLE=0``,
 ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``) and, on CUDA, exactly N GPUs visible (the
 first N of ``CUDA_VISIBLE_DEVICES``, else 0..N-1), so that Lightning's automatic device count is N. The
 strategy picks the process-group backend from the device (NCCL on CUDA, gloo on the CPU).
 
-Figures are ``recipe_throughput.read_perf``'s: the median of the log intervals after the first ``--skip``
+Figures are ``bench.harness.read_perf``'s: the median of the log intervals after the first ``--skip``
 (compilation, warm-up), rank 0's view. Per-GPU throughput (tokens/s per GPU, already divided by the ranks that
 share one sample: TP x CP x PP) at N over that at the baseline (the smallest N that ran, normally 1) is the
 scaling efficiency: weak scaling by default (per-GPU batch fixed), strong scaling with ``--global-batch``
@@ -35,23 +35,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from recipe_throughput import RecipeCase, _launcher_cmd, environment, read_perf  # noqa: E402
-from train_throughput import write_json  # noqa: E402
-
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-LOG_TAIL_LINES = 40
+from bench.harness import (  # noqa: E402
+    NO_MULTICAST,
+    ROOT,
+    RecipeCase,
+    child_env,
+    environment,
+    launcher_cmd,
+    outcome,
+    pyplot,
+    run_logged,
+    save_figure,
+    torchrun_cmd,
+    write_json,
+)
 
 
 def parse_set_at(items: list[str]) -> dict[int, list[str]]:
@@ -77,89 +83,15 @@ def strong_batch(global_batch: int, nprocs: int, model_parallel: int) -> int:
     return global_batch // dp
 
 
-def child_env(nprocs: int, device: str, cache_dir: Path | None) -> dict[str, str]:
-    """What the run sets on top of this process's environment."""
-    env = dict(NO_MULTICAST)
-    if device == "cuda":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible:
-            ids = [v for v in visible.split(",") if v.strip()]
-        else:
-            import torch
-
-            ids = [str(i) for i in range(torch.cuda.device_count())]
-        if len(ids) < nprocs:
-            raise RuntimeError(f"{nprocs} processes need {nprocs} GPUs; {len(ids)} visible")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:nprocs])
-    if cache_dir is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-        env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
-    return env
-
-
-def run_logged(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, settle: float = 60.0) -> int | str:
-    """Run ``cmd`` in its own session with stdout and stderr in ``log_path``; its exit code, or ``"timeout after
-    T s"`` when the limit killed it. Every process of the session (torchrun and the ranks it started) is gone when
-    this returns, so the next run does not meet the GPU memory of the last one (a 7B run that started right after a
-    killed 14B one failed with CUDA out of memory at initialisation)."""
-    with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                             env={**os.environ, **env})
-        try:
-            rc: int | str = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            rc = f"timeout after {timeout} s"
-    wait_group_gone(p.pid, settle)
-    return rc
-
-
-def live_members(pgid: int) -> list[int]:
-    """The processes of group ``pgid`` that have not exited (zombies, which hold no GPU memory, left out)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def wait_group_gone(pgid: int, limit: float) -> bool:
-    """Kill what is left of process group ``pgid`` (ranks a failed torchrun left behind) and wait up to ``limit``
-    seconds until none of its processes is alive; whether none is."""
-    deadline = time.monotonic() + limit
-    while pids := live_members(pgid):
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
-def rank_tail(lines: list[str], n: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``n`` lines the ranks wrote, before torchrun's own failure report (its traceback and summary)."""
-    cut = next((i for i in range(len(lines) - 1, -1, -1)
-                if "elastic" in lines[i] and "failed (exitcode" in lines[i]), len(lines))
-    return lines[:cut][-n:]
-
-
 def run_n(a, nprocs: int, overrides: list[str], run_root: Path) -> dict:
     """One ``torchrun`` run at ``nprocs`` processes -> its row (figures or ``error`` + ``log_tail``)."""
     name = f"{a.factory}-n{nprocs}"
     row: dict = {"nprocs": nprocs, "overrides": overrides}
     case = RecipeCase(name=name, factory=a.factory, overrides=overrides)
-    launcher = _launcher_cmd(case, run_root, a.steps + a.profile, a.every, a.device)[1:]  # drop the interpreter
+    launcher = launcher_cmd(case, run_root, a.steps + a.profile, a.every, a.device)[1:]  # drop the interpreter
     if a.profile:  # profiled after the timed steps, whose figures it would slow down
         launcher.append(f"trainer.profile_steps=[{a.steps},{a.steps + a.profile}]")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nprocs), *launcher]
+    cmd = torchrun_cmd(nprocs, launcher)
     try:
         extra_env = child_env(nprocs, a.device, run_root / f"cache-n{nprocs}" if a.separate_caches else None)
     except RuntimeError as e:
@@ -180,25 +112,6 @@ def run_n(a, nprocs: int, overrides: list[str], run_root: Path) -> dict:
         row["profile"] = json.loads(summary.read_text())
     print(f"[N={nprocs}] {describe(row)}", flush=True)
     return row
-
-
-def outcome(rc: int | str, perf: Path, skip: int, lines: list[str], max_step: int | None = None) -> dict:
-    """A run's figures from its ``perf.jsonl``, or ``error`` + ``log_tail``. ``rc``: the exit code, or a string
-    for a run ended by the limit, whose intervals logged before it still count (with a ``note`` saying so)."""
-    failed = rc if isinstance(rc, str) else f"exit {rc}"
-    if rc != 0 and not isinstance(rc, str) or not perf.exists():
-        return {"error": failed if rc != 0 else "no perf.jsonl", "log_tail": rank_tail(lines)}
-    logged = sum(1 for line in perf.read_text().splitlines() if line.strip())
-    if rc != 0 and logged <= skip:
-        return {"error": f"{failed} after {logged} logged interval(s), all warm-up", "log_tail": rank_tail(lines)}
-    try:
-        figures = read_perf(perf, skip, max_step)
-    except (RuntimeError, ValueError, KeyError) as e:
-        why = f"unreadable perf.jsonl: {e}"
-        return {"error": f"{failed} ({why})" if rc != 0 else why, "log_tail": rank_tail(lines)}
-    if rc != 0:
-        figures.update(note=f"{rc}: the figures are the intervals logged before the limit", log_tail=rank_tail(lines))
-    return figures
 
 
 def describe(row: dict) -> str:
@@ -231,11 +144,7 @@ def add_efficiency(rows: list[dict], strong: bool) -> int | None:
 
 
 def plot(result: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ok = [r for r in result["results"] if "error" not in r]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ns = [r["nprocs"] for r in ok]
@@ -257,10 +166,7 @@ def plot(result: dict, out: Path) -> None:
         ax.set_xticks(sorted({r["nprocs"] for r in result["results"]}))
     fig.suptitle(f"{result['factory']} on {result['device']}, {result['date']}, {result['commit']}"
                  + (f" (failed at N={failed})" if failed else ""), fontsize=9)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def main(argv=None) -> int:

@@ -47,10 +47,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from comm_bandwidth import bus_factor  # noqa: E402
+from bench.comm_bandwidth import bus_factor  # noqa: E402
 
 
 @dataclass(kw_only=True)
@@ -157,7 +157,7 @@ def predict(w: Workload, lay: Layout, n: int, bw: Bandwidth) -> dict:
 def baseline_row(path: Path, skip: int = 2) -> dict:
     """The one-GPU figures: a scaling.py JSON's N=1 row, or the medians of a perf.jsonl."""
     if path.suffix == ".jsonl":
-        from recipe_throughput import read_perf
+        from bench.harness import read_perf
 
         return read_perf(path, skip)
     rows = [r for r in json.loads(path.read_text())["results"] if r.get("nprocs") == 1 and "error" not in r]
@@ -168,21 +168,12 @@ def baseline_row(path: Path, skip: int = 2) -> dict:
 
 def workload_from_factory(factory: str, overrides: list[str], base: dict, peak: float | None) -> Workload:
     """Shape, parameter count and FLOPs of ``factory``'s model and data (built on the meta device)."""
-    import catalogue
     import fiddle as fdl
-    from nemo_run.config import get_type_namespace
-    from recipe_throughput import _set_override
 
-    sys.path.insert(0, str(ROOT / "launchers"))
-    import train as launcher
-
+    from bench.harness import load_recipe, peak_tflops
     from nemo_vfm.models.flops import dit_forward_flops
-    from nemo_vfm.train import train
 
-    launcher.register_recipes()
-    recipe = catalogue._get((get_type_namespace(train), factory))()
-    for item in overrides:
-        _set_override(recipe, item)
+    recipe = load_recipe(factory, overrides)
     cfg, data = fdl.build(recipe.model), fdl.build(recipe.data)
     params = sum(p.numel() for p in cfg.build(device="meta").parameters())
     (_, t, h, w), (pt, ph, pw) = data.latent_shape, cfg.patch_size
@@ -190,7 +181,7 @@ def workload_from_factory(factory: str, overrides: list[str], base: dict, peak: 
     text = [getattr(data, "context_length", 0)] * batch if cfg.context_dim else None
     fl = dit_forward_flops(cfg, [tokens] * batch, text)
     flops = base["model_tflops"] * 1e12 * base["step_s"] if base.get("model_tflops") else fl.train_step
-    peak = peak or (base["model_tflops"] / base["mfu"] if base.get("mfu") else 989.0)
+    peak = peak or (base["model_tflops"] / base["mfu"] if base.get("mfu") else peak_tflops("H100"))
     return Workload(step_s=base["step_s"], flops=flops, peak_tflops=peak, params=params, hidden=cfg.hidden_size,
                     layers=cfg.num_layers, tokens=tokens, batch=batch, attn_share=fl.attention / fl.forward,
                     analytic_flops=fl.train_step)
@@ -215,7 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--intra-busbw", type=float, help="GB/s for every op, instead of --comm")
     p.add_argument("--inter-gbit", type=float, default=400.0, help="inter-node Gb/s per GPU (ASSUMED, default NDR)")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--peak-tflops", type=float, help="default: the baseline's TFLOP/s / MFU, else 989")
+    p.add_argument("--peak-tflops", type=float, help="default: the baseline's TFLOP/s / MFU (the step log's "
+                   "peak), else the H100's in nemo_vfm.models.flops")
     p.add_argument("--nprocs", default="1,2,8,64,1024")
     for knob in ("tp", "cp", "pp", "microbatches"):
         p.add_argument(f"--{knob}", type=int, default=1)

@@ -29,7 +29,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.harness import step_time  # noqa: E402
 
 
 def run_mode(mode: str, cfg, pmesh, args, device, x0, cond) -> dict:
@@ -72,7 +75,7 @@ def run_mode(mode: str, cfg, pmesh, args, device, x0, cond) -> dict:
             times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     del model, opt
-    return {"step_s_median": sorted(times)[len(times) // 2], "step_s": times, "losses": losses,
+    return {"step_s_median": step_time(times), "step_s": times, "losses": losses,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 

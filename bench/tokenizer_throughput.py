@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.harness import environment  # noqa: E402
 from nemo_vfm.tokenizers.registry import tokenizer_from_spec  # noqa: E402
 from nemo_vfm.tokenizers.tiling import TiledTokenizer  # noqa: E402
 
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
                       f"decode {row['decode_fps']:8.1f} frames/s ({mem(row['decode_peak_gib'])})", flush=True)
         del tokenizer, variants
     result = {
-        "benchmark": "tokenizer_throughput", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        **environment(device), "benchmark": "tokenizer_throughput", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "dtype": str(dtype).replace("torch.", ""),
         "input": {"batch": args.batch, "frames": args.frames, "height": args.height, "width": args.width},
         "iters": args.iters, "tiny": args.tiny, "results": rows,

@@ -10,7 +10,8 @@
 
 A step is what training does: diffusion loss (flow matching by default) forward, backward, AdamW
 (fused) and an EMA update. FLOPs come from ``nemo_vfm/models/flops.py`` (matmuls + attention, 3x forward,
-recomputation not counted); MFU is against the dense bf16 peak (989 TFLOP/s on H100/H200).
+recomputation not counted); MFU is against the device's dense bf16 peak in the same module (the step log's);
+the step time is ``bench.harness.step_time`` of the timed steps.
 Speed knobs: ``--precision`` (``fp32``; ``amp`` = fp32 weights + bf16 autocast; ``bf16`` = bf16
 weights and activations with fp32 master weights in the optimizer), ``--compile`` (per block, via
 ``nemo_vfm.parallel.compile``), ``--ac`` (activation checkpointing, via
@@ -24,11 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import math
-import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -36,10 +33,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from nemo_vfm.models.flops import dit_forward_flops, peak_tflops  # noqa: E402
+from bench.harness import device_peak, environment, step_time, write_json  # noqa: E402
+from nemo_vfm.models.flops import dit_forward_flops  # noqa: E402
 
 PRECISIONS = ("fp32", "amp", "bf16")
 SDPA = ("auto", "cudnn", "flash", "efficient", "math")
@@ -341,10 +339,10 @@ def run_case(s: BenchSettings, device: torch.device) -> dict:
         res["warmup_s"] = round(time.perf_counter() - t_build - sum(times), 2)
         if not all(map(math.isfinite, losses)):  # a broken step can look fast: never report its speed
             raise FloatingPointError(f"non-finite losses {losses}")
-        dt = statistics.median(times)
+        dt = step_time(times)
         samples, tokens = len(seq_lens), sum(seq_lens)
         tflops = flops.train_step / dt / 1e12
-        peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        peak = device_peak(device)
         res.update({
             "step_s": dt, "step_s_min": min(times), "step_s_max": max(times),
             "samples_per_s": samples / dt, "tokens_per_s": tokens / dt, "tokens_per_step": tokens,
@@ -414,18 +412,6 @@ def suite(name: str) -> list[BenchSettings]:
     raise ValueError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)}")
 
 
-def environment(device: torch.device, commit: str | None) -> dict:
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).parent, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(), "commit": commit,
-            "command": " ".join(sys.argv)}
-
-
 def table(results: list[dict]) -> str:
     head = f"{'name':28} {'step ms':>8} {'samples/s':>10} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8}"
     lines = [head]
@@ -438,11 +424,6 @@ def table(results: list[dict]) -> str:
         lines.append(f"{r['name']:28} {1e3 * r['step_s']:8.1f} {r['samples_per_s']:10.1f} {r['tokens_per_s']:10.0f} "
                      f"{r['model_tflops']:8.1f} {mfu:>6} {mem:>8}")
     return "\n".join(lines)
-
-
-def write_json(path: str, env: dict, results: list[dict] | dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({**env, "results": results}, indent=1, default=str))
 
 
 def _shape(text: str) -> tuple[int, ...]:

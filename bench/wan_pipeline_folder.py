@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 WORDS = "a the red blue green circle square moving left right up down over under slowly quickly camera pans zooms".split()
 

@@ -40,17 +40,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as `python bench/NAME.py`: import bench as a package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from train_throughput import MasterWeights, environment, kernel_profile, set_sdpa_backend, time_steps  # noqa: E402
+from bench.harness import environment, step_time  # noqa: E402
+from bench.train_throughput import MasterWeights, kernel_profile, set_sdpa_backend, time_steps  # noqa: E402
 
 LATENT = (21, 60, 104)  # 480x832 px, 81 frames through the Wan VAE (4x temporal, 8x spatial)
 TINY_LATENT = (2, 4, 4)
@@ -279,7 +279,7 @@ def run(a, device) -> dict:
         t0 = time.perf_counter()
         times, losses = time_steps(step, a.steps, a.warmup, device)
         vals = [v for v in losses if v == v]
-        out[name] = {"ms": 1e3 * statistics.median(times), "ms_all": [1e3 * x for x in times],
+        out[name] = {"ms": 1e3 * step_time(times), "ms_all": [1e3 * x for x in times],
                      "warmup_s": round(time.perf_counter() - t0 - sum(times), 1),  # compilation included
                      "peak_mem_gib": (torch.cuda.max_memory_allocated() / 2**30) if device.type == "cuda" else None}
         if a.mode != "infer" and (len(vals) != len(losses) or not all(abs(v) < 1e6 for v in vals)):

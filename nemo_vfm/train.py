@@ -151,7 +151,8 @@ def _devices(devices, rank: int):
     if devices == "auto" or (devices == 1 and local_world > 1):
         if not launched and rank == 0 and torch.cuda.device_count() > 1:
             print(f"one process on 1 of the {torch.cuda.device_count()} visible GPUs; to use them all: torchrun "
-                  f"--nproc-per-node {torch.cuda.device_count()} launchers/train.py ...")
+                  f"--nproc-per-node {torch.cuda.device_count()} launchers/train.py ... (installed package: torchrun "
+                  f"--nproc-per-node {torch.cuda.device_count()} -m nemo_vfm_recipes.launch ...)")
         return local_world
     return devices
 

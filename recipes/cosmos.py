@@ -78,8 +78,8 @@ def _finetune_cosmos(flavor: str, name: str) -> run.Partial:
 @run.cli.factory(target=train)
 def lora_cosmos_predict2_5_2b() -> run.Partial:
     """LoRA (rank 32, alpha 32) on the attention and MLP linears of Cosmos-Predict2.5-2B; one GPU, compiled blocks,
-    activation checkpointing ``"save_attention"``. One H100 at 480 x 832 x 93 frames (37,440 tokens): 2.86 s/step,
-    24.5 GiB, 1.59x diffusers + peft (measured 2026-11-26, ``bench/family_step.py``).
+    activation checkpointing ``"save_attention"`` (speed and memory against diffusers + peft: docs/benchmarks.md,
+    "Fine-tuning recipes vs diffusers").
     CLI: ``python launchers/train.py --factory lora_cosmos_predict2_5_2b --yes model.pretrained=DIR data.path=PREPARED``
     Python: ``recipe = cosmos.lora_cosmos_predict2_5_2b(); recipe.lora.rank = 64``
     """
@@ -92,8 +92,8 @@ def lora_cosmos_predict2_5_2b() -> run.Partial:
 @run.cli.factory(target=train)
 def finetune_cosmos_predict2_5_2b() -> run.Partial:
     """Full fine-tuning of Cosmos-Predict2.5-2B: FSDP2 over the GPUs given (bf16 compute, fp32 reduce), activation
-    checkpointing ``"save_attention"``. One H100 at 480 x 832 x 93 frames: 3.34 s/step, 43.5 GiB, 1.33x diffusers
-    (measured 2026-11-26, ``bench/family_step.py``).
+    checkpointing ``"save_attention"`` (measured against diffusers: docs/benchmarks.md, "Fine-tuning recipes vs
+    diffusers").
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_cosmos_predict2_5_2b --yes model.pretrained=DIR``
     Python: ``recipe = cosmos.finetune_cosmos_predict2_5_2b(); recipe.objective.frame_probs = (0.0, 0.5, 0.5)``
     """

@@ -5,8 +5,8 @@
 GPU recipes run the fastest step we measured on one 80 GB GPU by default (``VFMParallelStrategy``: blocks
 compiled on CUDA, fused q/k/v, cuDNN attention, fused AdamW, bf16 autocast; docs/benchmarks.md). With several
 GPUs, the models that fit one GPU (DiT-S to DiT-XL, DiT-XL/2) keep a full copy per GPU and all-reduce gradients
-(``parallel.with_ddp``: 300 ms/step per GPU for DiT-XL on 2 x H100 against 425-600 ms sharded with FSDP2,
-docs/benchmarks.md); the larger ones shard with FSDP2. Every ``trainer.strategy.*`` knob can be overridden.
+(``parallel.with_ddp``: faster than sharding them with FSDP2, docs/benchmarks.md section 7); the larger ones shard
+with FSDP2. Every ``trainer.strategy.*`` knob can be overridden.
 
 CLI (``launchers/train.py`` is ``run.cli.main(train)``)::
 
@@ -74,8 +74,7 @@ def with_flow_matching(recipe: run.Partial, shift: float = 3.0) -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain() -> run.Partial:
     """Base recipe: DiT-XL with cross-attention, EDM, bf16, mock latents of 2,048 tokens, batch 8 per GPU
-    (51.5 GiB peak and 250-259 ms/step on an H100, docs/benchmarks.md; other batch sizes not measured), compiled
-    blocks. Every ``pretrain_*`` mutates it.
+    (its speed and peak memory on one H100: docs/benchmarks.md section 0), compiled blocks. Every ``pretrain_*`` mutates it.
 
     CLI: ``python launchers/train.py --factory pretrain --yes trainer.max_steps=10``
     Python: ``recipe = dit.pretrain(); recipe.model.num_layers = 12``

@@ -186,9 +186,8 @@ def lora_wan_1_3b() -> run.Partial:
 @run.cli.factory(target=train)
 def lora_wan_1_3b_sparse() -> run.Partial:
     """``lora_wan_1_3b`` with sliding tile attention: tiles of 4 x 8 x 4 latent tokens, each query tile attending to
-    the 3 x 3 x 3 tiles around it (8.7% of the pairs at 480p x 81 frames: 3.57x cuDNN dense attention forward +
-    backward on an H100, docs/benchmarks.md). One H100 at 480p x 81 frames: 1.05 s/step, 2.76x diffusers + peft
-    (dense: 1.84 s; measured 2026-11-26, ``bench/family_step.py``). Its quality is not measured; trained from scratch,
+    the 3 x 3 x 3 tiles around it (8.7% of the pairs at 480p x 81 frames; its kernel and step speed against dense attention and diffusers + peft:
+    docs/benchmarks.md, "Sparse video attention kernels" and "Fine-tuning recipes vs diffusers"). Its quality is not measured; trained from scratch,
     the GPU learning check passed with two of 12 blocks dense (``model.attention_dense_blocks``, docs/models.md).
     CLI: ``python launchers/train.py --factory lora_wan_1_3b_sparse --yes model.pretrained=DIR model.attention_window=[3,3,5]``
     Python: ``recipe = finetune.with_sparse_attention(finetune.lora_wan_1_3b(), window=(3, 3, 5))``
@@ -225,8 +224,7 @@ def finetune_wan2_2_ti2v_5b() -> run.Partial:
 def lora_wan2_2_ti2v_5b() -> run.Partial:
     """LoRA (rank 32) on the attention and MLP linears of Wan2.2-TI2V-5B, text- and image-to-video samples mixed
     (``objective.image_prob``); compiled blocks, activation checkpointing ``"save_attention"``, one GPU (the layout
-    of ``lora_wan_1_3b``). One H100 at 704 x 1280 x 121 frames (27,280 tokens): 3.03 s/step, 37.2 GiB, 1.63x
-    diffusers + peft (measured 2026-11-26, ``bench/family_step.py``).
+    of ``lora_wan_1_3b``; measured against diffusers + peft: docs/benchmarks.md, "Fine-tuning recipes vs diffusers").
     CLI: ``python launchers/train.py --factory lora_wan2_2_ti2v_5b --yes model.pretrained=DIR data.path=PREPARED``
     Python: ``recipe = finetune.lora_wan2_2_ti2v_5b(); recipe.lora.rank = 64``
     """
@@ -245,8 +243,8 @@ def _lora_a14b(flavor: str, name: str) -> run.Partial:
 def lora_wan2_2_t2v_a14b() -> run.Partial:
     """LoRA (rank 32) on one expert of Wan2.2-T2V-A14B (default the high-noise ``transformer/``, times in [0.875, 1];
     ``model.expert=low objective.expert=low`` for ``transformer_2/``, times below 0.875); the frozen base in bf16,
-    FSDP2, activation checkpointing ``"save_attention"`` (the layout of ``lora_wan_14b``). One H100 at 480p x 81
-    frames: 9.07 s/step, 63.4 GiB, 1.54x diffusers + peft (measured 2026-11-26, ``bench/family_step.py``).
+    FSDP2, activation checkpointing ``"save_attention"`` (the layout of ``lora_wan_14b``; measured against
+    diffusers + peft: docs/benchmarks.md, "Fine-tuning recipes vs diffusers").
     CLI: ``python launchers/train.py --factory lora_wan2_2_t2v_a14b --yes model.pretrained=DIR model.expert=low objective.expert=low``
     Python: ``recipe = finetune.with_expert(finetune.lora_wan2_2_t2v_a14b(), "low")``
     """

@@ -80,9 +80,8 @@ def finetune_hunyuanvideo_1_5() -> run.Partial:
 @run.cli.factory(target=train)
 def lora_hunyuanvideo_1_5() -> run.Partial:
     """LoRA (rank 32, alpha 32) on the attention and MLP linears of both streams of HunyuanVideo-1.5's double
-    blocks; the frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing. One H100 at
-    480 x 848 x 121 frames (49,290 tokens): 15.8 s/step, 35.4 GiB, 1.99x diffusers + peft (measured 2026-11-26,
-    ``bench/family_step.py``).
+    blocks; the frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing (measured against
+    diffusers + peft: docs/benchmarks.md, "Fine-tuning recipes vs diffusers").
     CLI: ``python launchers/train.py --factory lora_hunyuanvideo_1_5 --yes model.pretrained=DIR lora.rank=64``
     Python: ``recipe = hunyuan.lora_hunyuanvideo_1_5(); recipe.lora.rank = 64``
     """

@@ -119,10 +119,10 @@ def with_float8(recipe: run.Partial, scaling: str = "tensorwise", modules: str =
 # -- default layouts (per 8-GPU node; the leftover ranks become FSDP data parallel) ------------------
 def layout_7b(recipe: run.Partial, context: str = "8k", tp: int | None = None) -> run.Partial:
     """DiT-7B on 80 GB GPUs with selective activation checkpointing. At 8k tokens FSDP over every GPU, no TP
-    (``tp`` default 1): 40.2% and 39.9% MFU on two 4 x H100 hosts, against 29.0-30.9% for the paper's TP2 + SP +
-    FSDP on 4 x H200 (docs/benchmarks.md section 7); at this width TP's collectives sit between the GEMMs and cost
+    (``tp`` default 1): faster per GPU than the paper's TP2 + SP + FSDP (docs/benchmarks.md section 7); at this width TP's collectives sit between the GEMMs and cost
     about what TP divides. Either layout shards the weights, gradients, AdamW state and EMA (20 bytes a parameter)
-    over every GPU, so 4 GPUs of 80 GB are the fewest (64.9 GiB measured at 4; at 2, ~74 GiB of state alone).
+    over every GPU, so 4 GPUs of 80 GB are the fewest (at 2, ~74 GiB of state alone; measured peaks in
+    docs/benchmarks.md section 7).
     At 74k tokens TP2 + SP + CP4 (``tp`` default 2, not measured there: sequence parallel halves the activations)
     with all-to-all CP and compiled blocks (measured faster than ring and than eager at 74k: docs/parallelism.md). ``tp=2`` at 8k is
     the paper's layout (NeMo's 519 TFLOP/s setting)."""

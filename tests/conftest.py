@@ -1,8 +1,24 @@
 """Suite-wide hygiene: a test that trains in this process under ``VFMParallelStrategy`` (one process, gloo) leaves
-the default process group up; tear it down so the next test starts without one. Shared fixtures: a run-folder lock
-holder, and a tiny random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
+the default process group up; tear it down so the next test starts without one. The ``timing`` marker (tests that
+measure wall-clock throughput run alone, see the Makefile). Shared fixtures: a run-folder lock holder, and a tiny
+random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
+
+import sys
+from pathlib import Path
 
 import pytest
+
+# bench/ (the benchmarks and the parallel-equivalence harness the layout tests share) is a package at the repository
+# root, not installed with nemo_vfm: make `import bench` work from any folder, after the installed packages
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "timing: asserts on wall-clock throughput; `make test` runs these after the parallel workers, "
+        "with no other test beside them")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Import structure of nemo_vfm (DESIGN.md convention 12): no import cycle, layers point down.
+"""Import structure of nemo_vfm: no import cycle, and layers point down.
 
 Every module under ``nemo_vfm/`` is parsed with ``ast``; every import counts, at module level or inside a
 function (lazy), absolute (``from nemo_vfm.x import y``), relative (``from .x import y``) or through
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "nemo_vfm"
 # the entry points ``nemo_vfm/train.py`` and ``nemo_vfm/train_tokenizer.py``. evaluation scores videos against
 # data's synthetic vocabulary, so it sits with data.
 LAYERS: list[tuple[str, ...]] = [
-    ("nemo_vfm", "io", "parallel"),
+    ("nemo_vfm", "errors", "io", "parallel"),
     ("models", "diffusion", "data", "tokenizers", "curation", "evaluation"),
     ("lightning", "inference", "cli"),
     ("train", "train_tokenizer"),

@@ -1,4 +1,5 @@
-"""ODE samplers on the Karras noise schedule (EDM), and Euler and UniPC for flow matching.
+"""ODE samplers on the Karras noise schedule (EDM), Euler and UniPC for flow matching, and the few-step sampler of a
+distilled student.
 
 A *denoiser* is ``f(x, sigma (B,)) -> x0_hat``; the probability-flow ODE is
 ``dx/dsigma = (x - f(x, sigma)) / sigma``.
@@ -10,6 +11,7 @@ A *denoiser* is ``f(x, sigma (B,)) -> x0_hat``; the probability-flow ODE is
 | :func:`res_multistep` (RES, exponential integrator, 2-step) | 2 | n |
 | :func:`flow_euler` (rectified flow) | 1 | n |
 | :func:`flow_unipc` (rectified flow, UniPC predictor-corrector, bh2) | 2 (3 with the corrector) | n |
+| :func:`few_step` (a distilled student: predict x0, re-noise with fresh noise) | - | n |
 """
 
 from __future__ import annotations
@@ -188,3 +190,23 @@ def flow_unipc(velocity, x: torch.Tensor, sigmas: torch.Tensor, times: torch.Ten
         x_prev = x
         x = _uni_p(x, ms, sig, i, last_order)
     return x
+
+
+@torch.no_grad()
+def few_step(denoiser, add_noise, x: torch.Tensor, levels: torch.Tensor, generator: torch.Generator | None = None,
+             progress: bool = False) -> torch.Tensor:
+    """The multistep sampler of a few-step generator (DMD2, consistency models): at each of the decreasing
+    ``levels (K,)`` the denoiser predicts the clean latents, which are re-noised with fresh Gaussian noise to the
+    next level; the last prediction is returned (``K`` network calls, no ODE solve).
+
+    ``denoiser(x, level (B,)) -> x0_hat``; ``add_noise(x0, noise, level (B,)) -> x`` (the objective's forward
+    process); ``x`` is the input at ``levels[0]``. The fresh noise is drawn from ``generator``, one draw like
+    ``x`` per step after the first, in step order.
+    """
+    x0 = x
+    for i in tqdm(range(len(levels)), disable=not progress, desc="few-step"):
+        x0 = denoiser(x, _sig(levels[i], x))
+        if i + 1 < len(levels):
+            noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+            x = add_noise(x0, noise, _sig(levels[i + 1], x))
+    return x0

@@ -67,7 +67,7 @@ OUTSIDE_RESIDUALS = 4  # token x hidden bf16 tensors outside the blocks (embeddi
 OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces (fit, see above)
 BACKWARD_FFN_TENSORS = 3  # token x FFN-width bf16 buffers a compiled block's backward holds (fit, see above)
 HEADROOM = 0.10  # estimates must fit (1 - HEADROOM) x budget: Wan-14B LoRA estimated at 23.7 GiB ran out of 24 (H100)
-EFFECTIVE_TFLOPS = 400.0  # bf16 model TFLOP/s of a step on an H100 (DiT-7B on one H100: 44% MFU = 435, DESIGN.md)
+EFFECTIVE_TFLOPS = 400.0  # bf16 model TFLOP/s of a step on an H100 (below what DiT-7B reaches on one H100: docs/benchmarks.md section 2)
 HOST_LINK_GBPS = 25.0  # pinned host <-> device copies, one direction (PCIe 4/5 x16 in practice; not measured here)
 CPU_ADAM_PARAMS_PER_S = 1e9  # host AdamW throughput (parameters per second; a guess, not measured)
 EAGER = 1.28  # uncompiled blocks (activation_offload / block_swap run eager): Wan 1.3B LoRA profile, see above

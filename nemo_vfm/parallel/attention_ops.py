@@ -15,8 +15,8 @@ Backends: ``math`` (pure PyTorch, any device, supports masks), ``cpu_flash`` (AT
 kernel), ``flash`` and ``cudnn`` (ATen's CUDA kernels). ``auto`` picks ``math`` when a mask is
 given, else ``cudnn`` (CUDA, fp16/bf16, Hopper or newer, head dim a multiple of 8 up to 128), ``flash`` (other
 CUDA fp16/bf16), ``cpu_flash`` (CPU, fp32/bf16) or ``math``. cuDNN first on Hopper: forward + backward at head
-dim 128 on an H100 it runs 552 vs 325 TFLOP/s for flash at 32,760 tokens and 571 vs 319 at 8,192 (docs/benchmarks.md,
-"Attention kernels at our shapes"), which is also why ``F.scaled_dot_product_attention`` runs cuDNN in training.
+dim 128 it is the fastest kernel at our sequence lengths (docs/benchmarks.md, "Attention kernels at our shapes"),
+which is also why ``F.scaled_dot_product_attention`` runs cuDNN in training.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 import json
 
-import attention_kernels as ak
 import pytest
 import torch
+
+from bench import attention_kernels as ak
 
 
 def test_tiny_cpu_run_times_and_checks_against_fp32(tmp_path):

@@ -1,9 +1,10 @@
 """bench/dreambooth_check.py: its instance clips are the subject it scores against, and it refuses to run
 without a base model (the full check needs `make demo`'s checkpoint; docs/finetuning.md has its figures)."""
 
-import dreambooth_check as dc
 import numpy as np
 import pytest
+
+from bench import dreambooth_check as dc
 
 
 def test_instance_clips_show_the_subject_the_check_scores(tmp_path):

@@ -3,8 +3,9 @@
 
 import json
 
-import family_step as fs
 import pytest
+
+from bench import family_step as fs
 
 
 @pytest.mark.parametrize("case", ["wan2.2-ti2v-5b-lora", "hunyuan1.5-lora"])

@@ -3,9 +3,10 @@ random Wan pipeline folder written by bench/wan_pipeline_folder.py; a failed run
 
 import json
 
-import generate_scaling as gs
 import pytest
-import wan_pipeline_folder
+
+from bench import generate_scaling as gs
+from bench import wan_pipeline_folder
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")

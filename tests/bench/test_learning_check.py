@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import learning_check as lc
+from bench import learning_check as lc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,8 +30,8 @@ def test_quickstart_preset_mirrors_the_recipe():
 
 def test_tiny_cpu_run_writes_json_and_png_without_nemo_run(tmp_path):
     out = tmp_path / "lc"
-    code = (f"import sys; sys.argv = ['learning_check.py']; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
-            "import learning_check as lc; "
+    code = (f"import sys; sys.argv = ['learning_check.py']; "
+            "from bench import learning_check as lc; "
             f"rc = lc.main(['--preset', 'quickstart', '--steps', '2', '--eval-every', '1', '--device', 'cpu', "
             f"'--out', {str(out)!r}, '--set', 'data.num_clips=8', '--set', 'data.batch_size=4', "
             "'--set', 'sampling.num_samples=2', '--set', 'sampling.num_steps=2', '--set', 'model.num_layers=1', "
@@ -86,7 +86,7 @@ def test_compare_plots_the_losses_of_finished_runs(tmp_path):
 
 
 def test_compare_reads_a_result_folder(tmp_path):
-    """A folder under bench/results holds learning_check.json (its loss per step), not the run's metrics.jsonl."""
+    """A folder under bench/results holds learning_check.json (its losses), not the run's metrics.jsonl."""
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "learning_check.json").write_text(json.dumps({"loss": [{"step": s, "loss": 1 / s} for s in range(1, 9)]}))
     out = lc.compare_losses({"r": tmp_path / "r"}, tmp_path / "r.png", window=4)
@@ -110,3 +110,14 @@ def test_lora_from_a_finished_run_with_an_fp8_base(tmp_path):
     state = raw_state_dict(read_checkpoint_info(tmp_path / "fp8" / "run"))
     assert any(".lora_A." in k for k in state) and any(v.dtype.is_floating_point is False for k, v in state.items()
                                                         if k.endswith(".base.weight"))  # e4m3 bits (uint8)
+
+
+def test_losses_are_kept_as_means_of_each_log_interval(tmp_path):
+    rows = [{"step": s, "loss": float(s)} for s in range(1, 8)]
+    assert lc.loss_means(rows, 3) == [{"step": 3, "loss": 2.0}, {"step": 6, "loss": 5.0}, {"step": 7, "loss": 7.0}]
+    assert lc.loss_means(rows[:2], 1) == rows[:2]
+    # a summarised result folder (bench/results: means of 50 steps) plots with the same smoothing in steps
+    (tmp_path / "s").mkdir()
+    means = [{"step": 50 * k, "loss": 1 / k} for k in range(1, 11)]
+    (tmp_path / "s" / "metrics_summary.json").write_text(json.dumps({"loss_every": 50, "loss": means}))
+    assert lc.compare_losses({"s": tmp_path / "s"}, tmp_path / "s.png", window=100).stat().st_size > 0

@@ -5,8 +5,9 @@ weights and latents through the same path."""
 import argparse
 import json
 
-import memory_matrix as mm
 import pytest
+
+from bench import memory_matrix as mm
 
 TINY_WAN = ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=2", "model.ffn_size=64",
             "model.context_dim=32", "model.text_len=8", "model.freq_dim=32", "trainer.precision=32-true",

@@ -5,8 +5,9 @@ import json
 import sys
 from pathlib import Path
 
-import moe_throughput as mt
 import pytest
+
+from bench import moe_throughput as mt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
 

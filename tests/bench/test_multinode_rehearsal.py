@@ -3,7 +3,7 @@ checkpoint resumed by 2 processes of one node."""
 
 import json
 
-import multinode_rehearsal as mr
+from bench import multinode_rehearsal as mr
 
 
 def test_two_nodes_then_resume_on_one(tmp_path, monkeypatch):

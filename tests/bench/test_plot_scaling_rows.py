@@ -3,8 +3,9 @@ as failed (never as a number), a malformed bar refused."""
 
 import json
 
-import plot_scaling_rows as psr
 import pytest
+
+from bench import plot_scaling_rows as psr
 
 
 def _results(path, runs):

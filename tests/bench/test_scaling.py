@@ -5,13 +5,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import scaling
-import scaling_model as sm
-from comm_bandwidth import OPS, bus_factor
+
+from bench import scaling
+from bench import scaling_model as sm
+from bench.comm_bandwidth import OPS, bus_factor
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.num_layers=2", "model.hidden_size=64", "data.num_clips=16", "data.batch_size=2"]
@@ -168,43 +168,3 @@ def test_bandwidth_interpolates_in_log_size():
     assert bw.busbw("all_reduce", 2**30, True) == 30.0  # under the 50 GB/s inter-node default
     with pytest.raises(ValueError, match="--comm"):
         bw.busbw("all_gather", 2**20, False)
-
-
-def test_outcome_keeps_the_intervals_logged_before_a_timeout(tmp_path):
-    perf = tmp_path / "perf.jsonl"
-    row = {"step_time_s": 0.5, "steps": 5, "tokens_per_s_per_gpu": 100.0}
-    perf.write_text("\n".join(json.dumps({**row, "step_time_s": t}) for t in (9.0, 0.5, 0.7)) + "\n")
-    ok = scaling.outcome(0, perf, 1, ["step 5"])
-    assert ok["step_s"] == pytest.approx(0.6) and "note" not in ok and "error" not in ok
-    late = scaling.outcome("timeout after 9 s", perf, 1, ["step 15", "training finished"])
-    assert late["step_s"] == pytest.approx(0.6) and late["note"].startswith("timeout after 9 s")
-    assert scaling.outcome("timeout after 9 s", perf, 3, [])["error"].endswith("all warm-up")
-    assert scaling.outcome(1, perf, 1, ["Traceback"])["error"] == "exit 1"
-    assert scaling.outcome(0, tmp_path / "none.jsonl", 1, [])["error"] == "no perf.jsonl"
-
-
-def test_a_killed_run_leaves_no_process_behind(tmp_path):
-    """A run past its limit is killed with everything it started (a torchrun's ranks, their workers), and
-    run_logged returns only when none is alive, so that the next run does not meet its GPU memory."""
-    log = tmp_path / "run.log"
-    cmd = ["sh", "-c", "echo group $$; sleep 60 & sleep 60 & echo started; wait"]
-    rc = scaling.run_logged(cmd, {}, log, timeout=1.0, settle=10.0)
-    assert rc == "timeout after 1.0 s"
-    text = log.read_text()
-    assert "started" in text
-    pgid = int(text.split()[1])
-    assert scaling.live_members(pgid) == []
-
-
-def test_group_members_are_found_and_killed():
-    p = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        while len(scaling.live_members(p.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(scaling.live_members(p.pid)) == 3  # the shell and its two sleeps
-        assert scaling.wait_group_gone(p.pid, 10.0)
-        assert scaling.live_members(p.pid) == []
-    finally:
-        p.kill()
-        p.wait()

@@ -4,11 +4,11 @@ import argparse
 import json
 
 import pytest
-import sparse_attention as sab
 import torch
 import torch.nn.functional as F
 
 import nemo_vfm.parallel.sparse_attention as sa
+from bench import sparse_attention as sab
 
 
 def test_tiny_cpu_run_times_every_variant_and_checks_it(tmp_path):

@@ -2,7 +2,7 @@
 
 import json
 
-from trace_overlap import main
+from bench.trace_overlap import main
 
 
 def test_prints_the_split_and_the_most_exposed_kernels(tmp_path, capsys):

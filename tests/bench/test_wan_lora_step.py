@@ -3,7 +3,8 @@
 import json
 
 import pytest
-import wan_step
+
+from bench import wan_step
 
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")

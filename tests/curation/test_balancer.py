@@ -57,6 +57,7 @@ def _sleep_run(stages, budget, n, interval=0.25):
     return report, finished
 
 
+@pytest.mark.timing
 def test_slow_stage_gets_four_times_the_workers_and_near_ideal_throughput():
     stages = [SleepStage("a", 0.02), SleepStage("slow", 0.08), SleepStage("c", 0.02)]
     report, finished = _sleep_run(stages, budget=12, n=300)
@@ -74,6 +75,7 @@ def test_slow_stage_gets_four_times_the_workers_and_near_ideal_throughput():
     assert report.steady_inputs_per_s > 0.85 * report.ideal_inputs_per_s, report
 
 
+@pytest.mark.timing
 def test_balancer_follows_fanout():
     # one input -> 4 items at stage "split"; the next stage costs the same per item, so needs 4x the workers
     stages = [SleepStage("split", 0.02, fanout=4), SleepStage("per_clip", 0.02)]

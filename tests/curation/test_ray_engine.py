@@ -33,6 +33,7 @@ def test_ray_curation_matches_local_engine(ray_cluster, raw_videos, tmp_path):
     assert {s.name for s in on_ray.report.stages} == {"probe", "split", "transcode", "filter", "caption", "write"}
 
 
+@pytest.mark.timing
 def test_ray_balancer_gives_slow_stage_four_times_the_workers(ray_cluster):
     # 6 slots keep actor start-ups few on 2 cores: even 2/2/2 at first, balanced 1/4/1
     stages = [SleepStage("a", 0.02), SleepStage("slow", 0.08), SleepStage("c", 0.02)]

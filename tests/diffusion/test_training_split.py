@@ -1,18 +1,13 @@
 """The objectives' training step split in two (input, then loss from the output) gives what the one-call
 ``training_loss`` gave, and micro-batch shares of the loss add up to the batch loss (pipeline stages)."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from bench.equivalence import tiny_config
 from nemo_vfm.diffusion.edm import EDM
 from nemo_vfm.diffusion.flow_matching import FlowMatching
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallel"))
-
-from equivalence import tiny_config  # noqa: E402  (tests/parallel/equivalence.py)
 
 OBJECTIVES = {"edm": EDM(), "fm": FlowMatching(shift=3.0)}
 

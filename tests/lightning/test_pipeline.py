@@ -5,7 +5,7 @@ weights from the checkpoints), resumes from its sharded checkpoint with the unin
 bad layouts fail before the model exists.
 
 AdamW runs with a large ``eps`` so that updates are linear in the gradients: Adam's normalisation would
-amplify float round-off in near-zero gradients (as the SGD of ``tests/parallel/equivalence.py`` avoids),
+amplify float round-off in near-zero gradients (as the SGD of ``bench/equivalence.py`` avoids),
 and it would hide gradient-scale mistakes.
 """
 

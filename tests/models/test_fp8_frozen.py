@@ -6,13 +6,12 @@ loads."""
 
 import copy
 import dataclasses
-import os
-import sys
 
 import pytest
 import torch
 from torch import nn
 
+from bench.equivalence import tiny_config
 from nemo_vfm.models.common.fp8_weights import (
     FP8FrozenLinear,
     dequantize,
@@ -21,10 +20,6 @@ from nemo_vfm.models.common.fp8_weights import (
     quantize_rowwise,
 )
 from nemo_vfm.models.common.lora import LoRAConfig, LoRALinear, apply_lora, merge_lora, merge_lora_state_dict
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parallel"))
-
-from equivalence import tiny_config  # noqa: E402  (tests/parallel/equivalence.py)
 
 
 def _rel(a, b):

@@ -18,7 +18,7 @@ from nemo_vfm.models.common.lora import (
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "parallel"))
 
-from equivalence import tiny_config  # noqa: E402  (tests/parallel/equivalence.py)
+from bench.equivalence import tiny_config
 
 
 def _inputs(cfg, seed=0):
@@ -112,7 +112,7 @@ def test_compiled_block_trains_adapters():
 
 # -- parallel layouts on gloo ---------------------------------------------------------------------
 def _problem(cfg):
-    import equivalence as E
+    from bench import equivalence as E
 
     problem = E.make_problem(cfg)
     m = _lora_model(cfg)
@@ -121,7 +121,7 @@ def _problem(cfg):
 
 
 def _reference(cfg, problem, steps=2):
-    import equivalence as E
+    from bench import equivalence as E
 
     m = cfg.build()
     apply_lora(m, LoRAConfig(rank=4, alpha=8.0))
@@ -142,9 +142,9 @@ def _reference(cfg, problem, steps=2):
 
 
 def _layout(dims_kw, world, problem, steps=2):
-    import equivalence as E
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+    from bench import equivalence as E
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import split_dtensor_groups
     from nemo_vfm.parallel.mesh import build_mesh

@@ -128,7 +128,7 @@ def test_config_checks():
 
 @pytest.mark.parametrize("family", ["dit", "moviegen"])
 def test_models_with_moe_blocks_forward_unpacked_and_packed(family):
-    from equivalence import make_packed_problem, tiny_config
+    from bench.equivalence import make_packed_problem, tiny_config
 
     moe = MoEConfig(num_experts=4, expert_ffn_size=32, every=2, routing="top_k", gemm="loop")
     if family == "dit":

@@ -1,10 +1,10 @@
 """A DCP checkpoint saved under one layout resumes under another with the same losses; export works."""
 
-import equivalence as E
 import torch
 import torch.distributed as dist
 from gloo_launcher import run_distributed
 
+from bench import equivalence as E
 from nemo_vfm.parallel import checkpoint as ckpt
 
 MOMENTUM = 0.9

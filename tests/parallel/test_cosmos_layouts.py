@@ -4,10 +4,11 @@ weights compared; a saved Cosmos folder streams into FSDP2- and TP-sharded model
 times, condition mask) under TP2, TP2+SP and CP2 give one process's loss and gradients; pipeline parallelism is
 refused by name."""
 
-import equivalence as E
 import pytest
 import torch
 from gloo_launcher import run_distributed
+
+from bench import equivalence as E
 
 LAYOUTS_2 = {
     "TP2": dict(tp=2),

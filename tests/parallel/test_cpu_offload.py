@@ -4,11 +4,12 @@ and the shards of parameters and gradients in host memory. On a CPU mesh the dev
 the policy makes are host to host (and nothing is pinned): what this shows is the wiring and the numerics; the
 memory effect is a GPU matter. In one process, where FSDP is otherwise skipped, ``cpu_offload`` still applies it."""
 
-import equivalence as E
 import pytest
 import torch
 from gloo_launcher import run_distributed
 from test_wan_layouts import wan_cfg
+
+from bench import equivalence as E
 
 
 def _policies(model):

@@ -1,13 +1,13 @@
 """A DCP checkpoint saved under expert parallelism (EP2) resumes under EP1 and EP4 with the same losses; the
 expert weights are stored as one full (E, ...) tensor per layer."""
 
-import equivalence as E
 import pytest
 import torch
 import torch.distributed as dist
 from gloo_launcher import run_distributed
 from test_expert_parallel import moe_config
 
+from bench import equivalence as E
 from nemo_vfm.parallel import checkpoint as ckpt
 
 MOMENTUM = 0.9

@@ -2,10 +2,10 @@
 over ranks) alone and with FSDP2, TP (dense layers), CP and SP; expert choice and token choice (top-k with
 its load-balancing loss). Losses, gradient norms, gradients (3 steps) and weights, as in test_layouts."""
 
-import equivalence as E
 import pytest
 from gloo_launcher import run_distributed
 
+from bench import equivalence as E
 from nemo_vfm.models.common.moe import MoEConfig
 
 ROUTINGS = {

@@ -83,9 +83,9 @@ def test_bad_knobs_fail_up_front():
 
 
 def _fsdp2_float8(rank, world):
-    import equivalence as E
     from torchao.float8.float8_linear import Float8Linear
 
+    from bench import equivalence as E
     from nemo_vfm.models.dit.family import SPEC
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from equivalence import tiny_config  # noqa: E402
+from bench.equivalence import tiny_config
 
 LORA = dict(rank=4, alpha=8.0, frozen_dtype="fp8")
 LAYOUTS = {"fsdp2": dict(dp_shard=2, fsdp=True), "fsdp2_bf16": dict(dp_shard=2, fsdp=True),
@@ -29,7 +29,7 @@ def _cfg():
 
 
 def _problem():
-    import equivalence as E
+    from bench import equivalence as E
 
     cfg = _cfg()
     problem = E.make_problem(cfg)
@@ -64,7 +64,7 @@ def _dequantized(m) -> dict:
 
 
 def _reference(problem, steps=2):
-    import equivalence as E
+    from bench import equivalence as E
 
     m = _build(_cfg(), problem)
     opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
@@ -83,9 +83,9 @@ def _reference(problem, steps=2):
 
 
 def _layout(name, world, problem, steps=2):
-    import equivalence as E
     from torch.distributed.tensor import DTensor
 
+    from bench import equivalence as E
     from nemo_vfm.models.common.fp8_weights import fill_quantized
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import split_dtensor_groups

@@ -7,10 +7,11 @@ Under CP the text stream is replicated: its parameters' gradients agree with one
 the text attention output over heads sums the ranks' gradients in backward (``cp x`` the share on each rank, then
 the mean over dp x cp), which the CP layouts check."""
 
-import equivalence as E
 import pytest
 import torch
 from gloo_launcher import run_distributed
+
+from bench import equivalence as E
 
 A2A = dict(cp=2, cp_kind="a2a")
 LAYOUTS = {"TP2": dict(tp=2), "FSDP2": dict(), "FSDP2 + full AC": dict(activation_checkpointing="full"),

@@ -6,11 +6,12 @@ the final weights are compared to the single-process run. One spawn per world si
 
 import importlib
 
-import equivalence as E
 import pytest
 import torch
 import torch.distributed as dist
 from gloo_launcher import run_distributed
+
+from bench import equivalence as E
 
 LATENT = (4, 4, 4)  # patch (1, 2, 2) -> grid (4, 2, 2): 4 frames of 4 tokens, divisible by cp = 2 and 4
 STEPS = 2

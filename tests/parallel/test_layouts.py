@@ -3,9 +3,10 @@
 One spawn per world size runs all of that size's layouts on the same gloo processes.
 """
 
-import equivalence as E
 import pytest
 from gloo_launcher import run_distributed
+
+from bench import equivalence as E
 
 LAYOUTS_2 = {
     "TP2": dict(tp=2),

@@ -7,9 +7,10 @@ weights are compared with the single-process run (also under activation checkpoi
 re-runs the block hooks); one spawn per world size runs all of its cases.
 """
 
-import equivalence as E
 import pytest
 from gloo_launcher import run_distributed
+
+from bench import equivalence as E
 
 PADDED_LATENT = (3, 6, 10)  # patch (1, 2, 2) -> 3x3x5 = 45 tokens
 CASES_2 = {

@@ -5,10 +5,10 @@ all-reduces per step of 4 layers)."""
 
 import collections
 
-import equivalence as E
 import torch
 from gloo_launcher import run_distributed
 
+from bench import equivalence as E
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.grads import split_dtensor_groups
 

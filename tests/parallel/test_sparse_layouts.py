@@ -4,10 +4,10 @@ FSDP2 train like one process with ``attention="sta"`` (and VSA under CP all-to-a
 on a grid whose 15 tokens are padded to 16 for the split; ring CP and pipeline stages are refused by the family's
 ``check_layout`` with the fix named."""
 
-import equivalence as E
 import pytest
 from gloo_launcher import run_distributed
 
+from bench import equivalence as E
 from nemo_vfm.parallel.dims import ParallelDims
 
 LATENT = (5, 2, 6)  # patch (1, 2, 2) -> a 5 x 1 x 3 grid: 15 tokens, padded to 16 under CP2 / SP2

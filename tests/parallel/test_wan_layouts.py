@@ -5,10 +5,11 @@ materialises only its shards) and into FSDP2 over TP2 (4 processes), and gives t
 
 import dataclasses
 
-import equivalence as E
 import pytest
 import torch
 from gloo_launcher import run_distributed
+
+from bench import equivalence as E
 
 LAYOUTS_2 = {
     "TP2": dict(tp=2),

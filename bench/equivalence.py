@@ -1,8 +1,8 @@
 """Check that a parallel layout trains exactly like one process: same losses, gradients, weights.
 
-Test code, not library code (it builds DiT/MovieGen models, the EDM objective and packed data on top of
-``nemo_vfm.parallel``): ``import equivalence`` with ``tests/parallel`` on ``sys.path``. Used by ``tests/parallel``
-(gloo, CPU) and ``bench/parallel_equivalence.py`` (NCCL, GPUs):
+Not library code (it builds DiT/MovieGen models, the EDM objective and packed data on top of
+``nemo_vfm.parallel``): ``from bench import equivalence``. Used by ``tests/parallel`` (gloo, CPU) and
+``bench/parallel_equivalence.py`` (NCCL, GPUs):
 
     problem = make_problem(cfg)                      # fixed weights, batch, noise levels, noise
     ref = run_reference(cfg, problem, steps=3)       # plain model, one process
