@@ -75,7 +75,7 @@ def main() -> int:
     from tqdm import tqdm
 
     from nemo_vfm.diffusion.edm import EDM
-    from nemo_vfm.models.dit import parallelize as P
+    from nemo_vfm.models.dit import family as P
     from nemo_vfm.models.dit.flavors import dit_config
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import clip_grad_norm_, sync_grads
@@ -102,7 +102,7 @@ def main() -> int:
     tokens = (T // cfg.patch_size[0]) * (H // cfg.patch_size[1]) * (W // cfg.patch_size[2])
 
     model = cfg.build("meta")
-    P.parallelize_dit(model, pmesh, activation_checkpointing=args.ac, compile=args.compile,
+    P.SPEC.parallelize(model, pmesh, activation_checkpointing=args.ac, compile=args.compile,
                       param_dtype="bf16" if not pure_bf16 else None, reduce_dtype="fp32" if not pure_bf16 else None,
                       attention_backend=args.attention_backend)
     model.to_empty(device=device)

@@ -39,12 +39,12 @@ def run_mode(mode: str, cfg, pmesh, args, device, x0, cond) -> dict:
     from tqdm import tqdm
 
     from nemo_vfm.diffusion.edm import EDM
-    from nemo_vfm.models.stdit import parallelize as P
+    from nemo_vfm.models.stdit import family as P
     from nemo_vfm.parallel.grads import clip_grad_norm_, sync_grads
 
     cuda = device.type == "cuda"
     model = cfg.build("meta")
-    P.parallelize_stdit(model, pmesh, factorized_cp=mode, activation_checkpointing=args.ac,
+    P.SPEC.parallelize(model, pmesh, factorized_cp=mode, activation_checkpointing=args.ac,
                         param_dtype="bf16" if cuda else None, reduce_dtype="fp32" if cuda else None,
                         attention_backend=args.attention_backend)
     model.to_empty(device=device)
@@ -95,7 +95,7 @@ def main() -> int:
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
-    from nemo_vfm.models.stdit import parallelize as P
+    from nemo_vfm.models.stdit import family as P
     from nemo_vfm.models.stdit.flavors import stdit_config
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh

@@ -15,8 +15,9 @@ Python::
     recipe.model.full_attn_every = 4  # add full self-attention to every 4th block
     run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))
 
-Hybrid context parallelism (all-to-all for temporal attention, ring for full attention) is applied
-by ``nemo_vfm.models.stdit.parallelize.parallelize_stdit``; see docs/models_stdit_moviegen.md.
+Hybrid context parallelism (all-to-all for temporal attention, ring for full attention) is applied by the
+generic ``nemo_vfm.parallel.parallelize.parallelize`` with the ST-DiT family (``nemo_vfm.models.stdit.family``);
+see docs/models_stdit_moviegen.md.
 """
 
 from __future__ import annotations

@@ -158,40 +158,20 @@ def apply_attention_args(args, info) -> None:
 
 
 def default_compile(args, info, device) -> bool:
-    """``--compile`` as given, else on for Wan checkpoints on CUDA: a Wan-1.3B CFG denoising step at 480p x 81
-    frames took 1,056 ms compiled vs 1,378 ms eager on an H100, for ~19 s of compilation once per process
-    (docs/models_wan.md); small models stay eager, where compiling would take longer than sampling."""
+    """``--compile`` as given, else on CUDA for the published folders whose family's generation adapter says so
+    (``compile_on_cuda``: Wan; docs/models_wan.md); other checkpoints stay eager, where compiling would take longer
+    than sampling."""
+    from nemo_vfm.inference.families import generation_of
+
     if args.compile is not None:
         return args.compile
-    return device.type == "cuda" and info.kind == "wan"
+    return device.type == "cuda" and generation_of(info).compile_on_cuda
 
 
 def _pixel_size(args, tokenizer, latent_thw):
     """Requested (frames, height, width), the training size where not given."""
     frames, height, width = tokenizer.pixel_shape(*latent_thw)
     return args.frames or frames, args.height or height, args.width or width
-
-
-def _cosmos_video2world(engine, prompts, latent_shape, sampling, cond_frames, fps):
-    """Videos and per-stage seconds as :meth:`InferenceEngine.generate` returns them, with clean first frames."""
-    import time
-
-    import torch
-
-    from nemo_vfm.inference.cosmos import denoise_video2world
-
-    def now():
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize(engine.device)
-        return time.perf_counter()
-
-    t0 = now()
-    cond, uncond = engine.encode_text(prompts, fps)
-    t1 = now()
-    engine.last_latents = denoise_video2world(engine, cond, uncond, latent_shape, sampling, cond_frames, progress=True)
-    t2 = now()
-    videos = engine.decode(engine.last_latents)
-    return videos, {"text_encode_s": t1 - t0, "denoise_s": t2 - t1, "decode_s": now() - t2}
 
 
 def run(args) -> int:
@@ -211,7 +191,9 @@ def _run(args) -> int:
     from nemo_vfm.inference.checkpoint import export_safetensors, read_checkpoint_info
     from nemo_vfm.inference.cp_engine import InferenceEngine
     from nemo_vfm.inference.distributed import InferenceLayout, check_model_layout, init_distributed
+    from nemo_vfm.inference.families import generation_of
     from nemo_vfm.inference.generate import SamplingConfig, write_videos
+    from nemo_vfm.inference.generation import SampleContext
     from nemo_vfm.inference.sampling import check_objective, check_sampler, default_sampler
     from nemo_vfm.inference.sizes import check_memory, latent_size
 
@@ -229,24 +211,16 @@ def _run(args) -> int:
     check_objective(info.objective, info.path)
     apply_attention_args(args, info)
     gen = info.generation
-    wan22 = False
-    if info.kind == "wan":
-        from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
-        from nemo_vfm.inference.wan import check_generation_parts
-
-        check_generation_parts(info)
-        wan22 = "experts" in gen or isinstance(info.objective, FirstFrameFlowMatching)
-    hunyuan = info.kind == "hunyuan" or "glyph_encoder" in gen  # a HunyuanVideo 1.5 folder or its export
-    i2v = ("image_encoder" in gen) if hunyuan else (getattr(info.model_config, "is_i2v", False)
-                                                    or getattr(info.model_config, "cond_channels", 0) > 0)
-    cosmos = info.kind == "cosmos"
+    family = generation_of(info)  # the family's generation adapter: conditioning inputs, sampler
+    if family.check is not None and info.kind == family.kind:
+        family.check(info)
+    takes_image = family.image(info)
     video, cond_frames = getattr(args, "video", None), getattr(args, "cond_frames", None)
-    takes_image = i2v or (wan22 and "experts" not in gen) or cosmos  # Wan 2.2 TI2V, Cosmos: from text or an image
-    if (i2v and not args.image) or (args.image and not takes_image):
-        raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if i2v else
+    if (takes_image == "required" and not args.image) or (args.image and takes_image == "none"):
+        raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if takes_image == "required" else
                          "--image is for image-to-video models (Wan and HunyuanVideo I2V folders, Wan 2.2 TI2V, "
                          "Cosmos); drop it")
-    if video and not cosmos:
+    if video and not family.video:
         raise ValueError("--video is Cosmos-Predict2.5 Video2World (a Cosmos pipeline folder as --ckpt); drop it")
     if video and args.image:
         raise ValueError("give --video CLIP (Video2World) or --image FIRST_FRAME (Image2World), not both")
@@ -254,7 +228,7 @@ def _run(args) -> int:
         raise ValueError("--cond-frames counts the clean frames taken from --video; add --video CLIP or drop it")
     if video and not Path(video).is_file():
         raise FileNotFoundError(f"video file not found: {video}")
-    if args.image and cosmos and not Path(args.image).is_file():
+    if args.image and family.video and not Path(args.image).is_file():
         raise FileNotFoundError(f"image not found: {args.image}")
     if getattr(args, "guidance_2", None) is not None and "experts" not in gen:
         raise ValueError("--guidance-2 is the low-noise expert's guidance of a Wan 2.2 A14B folder; drop it")
@@ -285,10 +259,8 @@ def _run(args) -> int:
             tokenizer = TiledTokenizer(tokenizer, tile_size=args.decode_tile, tile_overlap=args.decode_overlap)
         channels, *trained_thw = gen["latent_shape"]
         frames, height, width = _pixel_size(args, tokenizer, trained_thw)
-        if hunyuan and args.image and not (args.height or args.width):  # as the I2V pipeline: the image's size
-            from nemo_vfm.inference.hunyuan import image_size
-
-            height, width = image_size(info, args.image)
+        if family.image_size is not None and args.image and not (args.height or args.width):
+            height, width = family.image_size(info, args.image)  # as the family's I2V pipeline: the image's size
         thw = latent_size(tokenizer, frames, height, width, info.model_config.patch_size, layout.token_split)
         check_model_layout(info.model_config, layout, thw)  # heads vs tp/cp, before loading weights
         dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
@@ -296,23 +268,10 @@ def _run(args) -> int:
                      getattr(info.model_config, "hidden_size", 0), min(args.batch_size, len(prompts)), device,
                      dtype_bytes=4 if dtype == "fp32" else 2, token_split=layout.token_split,
                      copies=2 if args.guidance != 1.0 and not layout.cfg_parallel else 1)
+        compile = default_compile(args, info, device)
         engine = InferenceEngine.from_checkpoint(info, layout, device=device, dtype=dtype, use_ema=not args.no_ema,
                                                  latent_thw=thw, tokenizer=tokenizer.to(device).eval(),
-                                                 compile=default_compile(args, info, device),
-                                                 text_encoder_device=args.text_encoder_device)
-        low = None
-        if "experts" in gen:  # Wan 2.2 A14B: the low-noise expert beside the high-noise one
-            from nemo_vfm.inference.wan import low_noise_engine
-
-            low = low_noise_engine(info, engine, layout, compile=default_compile(args, info, device))
-        if hunyuan:  # HunyuanVideo 1.5: the ByT5 glyph encoder beside the Qwen2.5-VL text encoder (rank 0)
-            from nemo_vfm.inference.hunyuan import generate_hunyuan, glyph_encoder
-
-            glyph = glyph_encoder(info, args.text_encoder_device or device) if rank == 0 else None
-            if args.image:
-                from nemo_vfm.inference.hunyuan import image_conditions
-
-                first_image = image_conditions(info, engine.tokenizer, args.image, frames, height, width, device)
+                                                 compile=compile, text_encoder_device=args.text_encoder_device)
         out = Path(args.out)
         fps = gen.get("fps") or 8.0
         if rank == 0:
@@ -320,34 +279,12 @@ def _run(args) -> int:
             print(f"generating {len(prompts)} video(s) of {frames}x{height}x{width} px ({channels}x{'x'.join(map(str, thw))} "
                   f"latents) on {world} process(es): {layout.describe()}, {sampler} x {args.steps} steps, {dtype}"
                   + ("" if attention == "dense" else f", {attention} attention"))
-        first = None
-        if cosmos and (video or args.image):  # Video2World / Image2World: the clean latent frames, once
-            from nemo_vfm.inference.cosmos import conditioning_latents
-
-            first = conditioning_latents(engine.tokenizer, frames, height, width, video=video, image=args.image,
-                                         cond_frames=2 if cond_frames is None else cond_frames, device=device)
+        sample = family.sampler(SampleContext(args, info, engine, layout, rank, device, frames, height, width,
+                                              channels, thw, cfg, compile))  # once: extra encoders, conditions
         written, totals = [], {}
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
-            extra = None
-            if args.image and not cosmos and not hunyuan:
-                from nemo_vfm.inference.wan import image_conditions
-
-                extra = image_conditions(info, engine.tokenizer, args.image, len(batch), frames, height, width, device)
-            if wan22:
-                from nemo_vfm.inference.wan import generate_wan22
-
-                videos, times = generate_wan22(engine, batch, (channels, *thw), cfg, extra, low=low,
-                                               guidance_2=args.guidance_2, progress=True)
-            elif hunyuan:
-                videos, times = generate_hunyuan(engine, batch, (channels, *thw), cfg, glyph,
-                                                 first_image if args.image else None, progress=True)
-            elif first is not None:
-                videos, times = _cosmos_video2world(engine, batch, (channels, *thw), cfg, first,
-                                                     gen.get("fps"))
-            else:
-                videos, times = engine.generate(batch, (channels, *thw), cfg, fps=gen.get("fps"), progress=True,
-                                                extra_cond=extra)
+            videos, times = sample(batch)
             for k, v in times.items():
                 totals[k] = totals.get(k, 0.0) + v
             if rank == 0:

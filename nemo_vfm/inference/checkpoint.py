@@ -18,15 +18,14 @@ Three kinds of checkpoint, all usable under any generation layout (one GPU, CP, 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from nemo_vfm.inference.checkpoint_info import CheckpointInfo
-from nemo_vfm.inference.published import KINDS as PUBLISHED
+from nemo_vfm.inference.checkpoint_info import CheckpointInfo, Generation
+from nemo_vfm.inference.families import published_kinds
 from nemo_vfm.inference.published import load_published, published_info, published_state_dict
 from nemo_vfm.io.config_header import from_header_json, to_header_json
 from nemo_vfm.models.common.fp8_weights import quantize_rowwise
@@ -39,7 +38,7 @@ class LoadedModel:
     net: torch.nn.Module  # EMA weights when the checkpoint has them
     objective: object
     model_config: object
-    generation: dict  # tokenizer / text-encoder specs, latent shape, fps (empty when unknown)
+    generation: Generation  # tokenizer / text-encoder specs, latent shape, fps (empty when unknown)
     step: int
 
 
@@ -79,7 +78,7 @@ def _from_hparams(path: Path, kind: str, ckpt: dict, state=None) -> CheckpointIn
     hp = ckpt.get("hyper_parameters", {})
     if "model_config" not in hp:
         raise ValueError(f"{path} was not written by nemo_vfm.train (no model_config in its hyper-parameters)")
-    return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], dict(hp.get("generation") or {}),
+    return CheckpointInfo(path, kind, hp["model_config"], hp["objective"], hp.get("generation"),
                           int(ckpt.get("global_step", 0)), state, hp.get("lora"),
                           base_from=(ckpt.get(LORA_BASE_ENTRY) or {}).get("pretrained"))
 
@@ -119,7 +118,7 @@ def read_checkpoint_info(path: str | Path, allow_pickle: bool = False) -> Checkp
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: the nemo_vfm header is not valid JSON ({e})") from e
         return CheckpointInfo(path, "safetensors", meta["model_config"], meta["objective"],
-                              dict(meta.get("generation") or {}), int(meta.get("step", 0)))
+                              meta.get("generation"), int(meta.get("step", 0)))
     ckpt = safe_load(path, mmap=True, allow_pickle=allow_pickle)
     return _from_hparams(path, "file", ckpt, ckpt["state_dict"])
 
@@ -180,9 +179,9 @@ def _base_info(info: CheckpointInfo) -> CheckpointInfo:
                                 f"{info.base_from}: that folder is not here; put the published weights there (or "
                                 f"link them) to load this checkpoint")
     base = read_checkpoint_info(info.base_from)
-    if base.kind not in PUBLISHED:
+    if base.kind not in published_kinds():
         raise ValueError(f"{info.path}'s frozen base comes from {info.base_from}, which is not a published weights "
-                         f"folder ({', '.join(PUBLISHED)})")
+                         f"folder ({', '.join(published_kinds())})")
     return dataclasses.replace(base, model_config=info.model_config)
 
 
@@ -194,7 +193,7 @@ def _saved_state_dict(info: CheckpointInfo, use_ema: bool = True) -> dict[str, t
         from safetensors.torch import load_file
 
         return load_file(str(info.path))
-    if info.kind in PUBLISHED:  # a published folder: its safetensors shards, under our names
+    if info.kind in published_kinds():  # a published folder: its safetensors shards, under our names
         return published_state_dict(info)
     import torch.distributed.checkpoint as dcp
 
@@ -281,7 +280,7 @@ def check_finite_weights(net: torch.nn.Module, path) -> None:
 def _load_weights(net: torch.nn.Module, info: CheckpointInfo, use_ema: bool = True) -> None:
     own = net.state_dict()
     net_lora = any(".lora_A." in k for k in own)
-    if info.kind in PUBLISHED:  # streamed from the folder's safetensors shards, each rank its own pieces
+    if info.kind in published_kinds():  # streamed from the folder's safetensors shards, each rank its own pieces
         return load_published(net, info)
     from nemo_vfm.models.common.fp8_weights import fill_quantized_from, quantized_bases
 
@@ -349,7 +348,7 @@ def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = T
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     header = json.dumps(to_header_json({"model_config": info.model_config, "objective": info.objective,
-                                  "generation": info.generation, "step": info.step}))
+                                  "generation": dict(info.generation), "step": info.step}))
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(f".{out_file.name}.tmp{os.getpid()}")
@@ -361,8 +360,8 @@ def export_safetensors(path: str | Path, out_file: str | Path, use_ema: bool = T
 def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
     """Initialise a freshly built network from pretrained weights (fine-tuning; not a resume: no optimizer
     state, step 0): one of our checkpoints (``.ckpt`` file, DCP folder, experiment folder, safetensors
-    export; EMA weights when present, LoRA runs merged) or a published release that the family's
-    ``convert`` module reads (``load_weights(net, path)``: a Wan folder in the diffusers or original layout)."""
+    export; EMA weights when present, LoRA runs merged) or a published release that the family's weights adapter
+    reads (``spec.weights.load_weights(net, path)``: e.g. a Wan folder in the diffusers or original layout)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"pretrained weights not found: {path}; set init_from to a checkpoint, an experiment "
@@ -380,17 +379,19 @@ def load_pretrained(net: torch.nn.Module, path: str | Path) -> None:
     if ours:
         load_weights(net, read_checkpoint_info(path))
         return
-    convert = family_convert(net)
-    if convert is None or not hasattr(convert, "load_weights"):
+    weights = family_weights(net)
+    if weights is None:
         raise ValueError(f"{path} is not a nemo_vfm checkpoint and {type(net).__name__} has no converter for published "
-                         "weights (<family>.convert.load_weights); pass a checkpoint written by nemo_vfm")
-    convert.load_weights(net, path)
+                         "weights (its family declares no weights adapter); pass a checkpoint written by nemo_vfm")
+    weights.load_weights(net, path)
 
 
-def family_convert(net_or_config):
-    """The ``convert`` module of a model family (published-weights converters), or None."""
-    package = type(net_or_config).__module__.rsplit(".", 1)[0]
+def family_weights(net_or_config):
+    """The weights adapter (:class:`~nemo_vfm.models.common.weights.WeightsAdapter`) of a network's or config's
+    family, or None (no published layout, or no declared family)."""
+    from nemo_vfm.models.families import family_spec
+
     try:
-        return importlib.import_module(package + ".convert")
-    except ModuleNotFoundError:
+        return family_spec(net_or_config).weights
+    except NotImplementedError:
         return None

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from nemo_vfm.inference.generation import FamilyGeneration
+
 COSMOS_FPS = 16.0
 # diffusers' Cosmos2_5_PredictBasePipeline DEFAULT_NEGATIVE_PROMPT
 NEGATIVE_PROMPT = (
@@ -183,3 +185,38 @@ def denoise_video2world(
         ).float()
     finally:
         clear_text_cache(engine.net)
+
+
+def _sampler(ctx):
+    """Text2World, or Video2World / Image2World: the clean latent frames of ``--video`` / ``--image``, encoded once
+    and kept through denoising."""
+    import time
+
+    from nemo_vfm.inference.generation import default_sampler
+
+    args, engine = ctx.args, ctx.engine
+    if not (args.video or args.image):
+        return default_sampler(ctx)
+    cond_frames = 2 if args.cond_frames is None else args.cond_frames
+    first = conditioning_latents(engine.tokenizer, ctx.frames, ctx.height, ctx.width, video=args.video,
+                                 image=args.image, cond_frames=cond_frames, device=ctx.device)
+    shape = (ctx.channels, *ctx.thw)
+
+    def now():
+        engine._sync()
+        return time.perf_counter()
+
+    def sample(batch: list[str]):
+        t0 = now()
+        cond, uncond = engine.encode_text(batch, ctx.info.generation.get("fps"))
+        t1 = now()
+        engine.last_latents = denoise_video2world(engine, cond, uncond, shape, ctx.sampling, first, progress=True)
+        t2 = now()
+        videos = engine.decode(engine.last_latents)
+        return videos, {"text_encode_s": t1 - t0, "denoise_s": t2 - t1, "decode_s": now() - t2}
+
+    return sample
+
+
+GENERATION = FamilyGeneration(family="cosmos", kind="cosmos", published_info=cosmos_checkpoint_info,
+                              published_only=True, image=lambda info: "optional", video=True, sampler=_sampler)

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from nemo_vfm.inference.checkpoint_info import Generation
 from nemo_vfm.inference.distributed import (
     InferenceLayout,
     build_inference_mesh,
@@ -79,7 +80,7 @@ class InferenceEngine:
         self.device = torch.device(device) if device is not None else next(net.parameters()).device
         self.dtype = None if dtype is None else _dtype(dtype)
         self.tokenizer, self.text_encoder = tokenizer, text_encoder
-        self.generation = dict(generation or {})
+        self.generation = generation if isinstance(generation, Generation) else Generation.from_dict(generation)
         self.step = step
         self.distributed = dist.is_initialized() and self.layout.world_size > 1
         self.rank = dist.get_rank() if self.distributed else 0

@@ -8,16 +8,16 @@ original-Wan folder, or our single-file safetensors export.
     vfm export --ckpt RUN --format safetensors --out model.safetensors  # ours (vfm generate --ckpt FILE)
 
 ``lora`` file (diffusers/peft layout): one ``lora_A.weight`` / ``lora_B.weight`` pair per adapted linear. For a
-family with a diffusers counterpart (Wan: ``<family>.convert.to_diffusers_name``) the keys are diffusers' module
+family with a diffusers counterpart (its weights adapter's ``to_diffusers_name``) the keys are diffusers' module
 paths under ``transformer.`` (``transformer.blocks.0.attn1.to_q.lora_A.weight``), the layout
 ``WanPipeline.load_lora_weights`` and ``WanTransformer3DModel.load_lora_adapter`` read; other families keep
 our module paths. The scale ``alpha / rank`` is folded into ``lora_B`` (peft's default alpha is the
 rank, i.e. scale 1, so the file loads exactly without an alpha entry); the header records rank, alpha
 and targets. ComfyUI does not read these keys for Wan ("lora key not loaded"): use ``comfyui``.
 
-``comfyui`` file (Wan only): ``diffusion_model.<original Wan module>.lora_A.weight`` / ``.lora_B.weight`` (as
-trained) and ``.alpha``, which ComfyUI's LoraLoader applies as ``W + strength * alpha / rank * B @ A``
-(see ``nemo_vfm.models.wan.comfy_lora``); at strength 1 that is the merged ``original`` export.
+``comfyui`` file (a family that declares ``comfyui_lora``: Wan): ``diffusion_model.<original Wan module>.lora_A.weight``
+/ ``.lora_B.weight`` (as trained) and ``.alpha``, which ComfyUI's LoraLoader applies as ``W + strength * alpha /
+rank * B @ A`` (see ``nemo_vfm.models.wan.comfy_lora``); at strength 1 that is the merged ``original`` export.
 """
 
 import json
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from nemo_vfm.inference.checkpoint import (
-    family_convert,
+    family_weights,
     full_state_dict,
     raw_state_dict,
     read_checkpoint_info,
@@ -46,16 +46,17 @@ def _atomic_save(tensors: dict, out_file: Path, metadata: dict) -> Path:
     return out_file
 
 
-def lora_export_state(state: dict[str, torch.Tensor], scale: float, convert=None,
+def lora_export_state(state: dict[str, torch.Tensor], scale: float, weights=None,
                       dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Adapter tensors of ``state`` (our keys) in the export layout (see the module docstring)."""
+    """Adapter tensors of ``state`` (our keys) in the export layout (see the module docstring); ``weights``: the
+    family's weights adapter (diffusers' names), or None (ours)."""
     from nemo_vfm.models.common.lora import lora_state_dict
 
     out = {}
     for k, v in lora_state_dict(state).items():
         v = v.float() * scale if ".lora_B." in k else v.float()
-        if convert is not None and hasattr(convert, "to_diffusers_name"):
-            k = "transformer." + convert.to_diffusers_name(k)
+        if weights is not None:
+            k = "transformer." + weights.to_diffusers_name(k)
         out[k] = v.to(dtype) if dtype is not None else v
     return out
 
@@ -78,32 +79,31 @@ def export_lora(path: str | Path, out_file: str | Path, use_ema: bool = True, dt
     layout (``pipe.load_lora_weights``; see the module docstring)."""
     info = read_checkpoint_info(path, allow_pickle)
     _require_lora(info)
-    convert = family_convert(info.model_config)
-    state = lora_export_state(raw_state_dict(info, use_ema), info.lora.scale, convert, dtype)
+    state = lora_export_state(raw_state_dict(info, use_ema), info.lora.scale, family_weights(info.model_config), dtype)
     if not state:
         raise ValueError(f"{info.path} holds no lora_A/lora_B weights")
     return _atomic_save(state, Path(out_file), _lora_meta(info, scale_folded=True))
 
 
-def _comfyui_layout(cfg):
-    """The module that writes ``cfg``'s family's LoRA in ComfyUI's layout (declared here: Wan), or None."""
-    from nemo_vfm.models.wan.model import WanConfig
+def _spec(cfg):
+    from nemo_vfm.models.families import family_spec
 
-    if isinstance(cfg, WanConfig):
-        from nemo_vfm.models.wan import comfy_lora
-
-        return comfy_lora
-    return None
+    try:
+        return family_spec(cfg)
+    except NotImplementedError:
+        return None
 
 
 def export_comfyui_lora(path: str | Path, out_file: str | Path, use_ema: bool = True,
                         dtype: torch.dtype | None = None, allow_pickle: bool = False) -> Path:
-    """Write the LoRA adapters of a Wan LoRA run as one safetensors file in ComfyUI's layout (LoraLoader; see
-    ``nemo_vfm.models.wan.comfy_lora``); ``ValueError`` naming the formats that work for another family."""
+    """Write the LoRA adapters of a LoRA run as one safetensors file in ComfyUI's layout (LoraLoader), for a family
+    that declares one (Wan: ``nemo_vfm.models.wan.comfy_lora``); ``ValueError`` naming the formats that work for
+    another family."""
     from nemo_vfm.models.common.lora import lora_state_dict
 
     info = read_checkpoint_info(path, allow_pickle)
-    layout = _comfyui_layout(info.model_config)
+    spec = _spec(info.model_config)
+    layout = spec.comfyui_lora if spec is not None else None
     if layout is None:
         raise ValueError(f"{type(info.model_config).__name__} has no ComfyUI LoRA layout (only Wan has one); export "
                          "this run with --format lora (adapters under our module names) or --format safetensors "
@@ -112,17 +112,17 @@ def export_comfyui_lora(path: str | Path, out_file: str | Path, use_ema: bool = 
     lora = lora_state_dict(raw_state_dict(info, use_ema))
     if not lora:
         raise ValueError(f"{info.path} holds no lora_A/lora_B weights")
-    state = layout.comfyui_lora_state(lora, info.model_config, info.lora.rank, info.lora.alpha, dtype)
+    state = layout(lora, info.model_config, info.lora.rank, info.lora.alpha, dtype)
     return _atomic_save(state, Path(out_file), _lora_meta(info, scale_folded=False, layout="comfyui"))
 
 
 def export_model(path: str | Path, out: str | Path, layout: str = "diffusers", use_ema: bool = True,
                  dtype: torch.dtype | None = None, allow_pickle: bool = False) -> Path:
     """Write the whole network (LoRA merged) as a folder in a published layout of its family
-    (``diffusers`` or ``original``; Wan through ``nemo_vfm.models.wan.convert.save_weights``)."""
+    (``diffusers`` or ``original``; the family's ``save_weights``)."""
     info = read_checkpoint_info(path, allow_pickle)
-    convert = family_convert(info.model_config)
-    if convert is None or not hasattr(convert, "save_weights"):
+    spec = _spec(info.model_config)
+    if spec is None or spec.save_weights is None:
         raise ValueError(f"{type(info.model_config).__name__} has no published layout to export to; use --format "
                          "safetensors (our single-file export, loadable by vfm generate)")
     state = full_state_dict(info, use_ema)
@@ -133,16 +133,19 @@ def export_model(path: str | Path, out: str | Path, layout: str = "diffusers", u
         import dataclasses
 
         cfg = dataclasses.replace(cfg, pretrained=None)
-    return convert.save_weights(state, out, cfg, layout=layout)
+    return spec.save_weights(state, out, cfg, layout=layout)
 
 
 def check_exportable(path: str | Path) -> None:
-    """Refuse a published Wan folder: it is not a training run (``ValueError`` saying how to use it instead)."""
-    from nemo_vfm.models.wan.convert import is_wan_folder
+    """Refuse a published folder whose family says so (``export_published``): it is not a training run
+    (``ValueError`` saying how to use it instead)."""
+    from nemo_vfm.inference.families import published_family
 
-    if Path(path).is_dir() and is_wan_folder(path):
-        raise ValueError(f"{path} is a published Wan folder, not a training run, so there is nothing to export; use it "
-                         f"as it is (vfm generate --ckpt {path}, or model.pretrained / init_from to fine-tune)")
+    found = published_family(path)
+    if found is not None and not found[1].export_published:
+        raise ValueError(f"{path} is a published {found[0].weights.family} folder, not a training run, so there is "
+                         f"nothing to export; use it as it is (vfm generate --ckpt {path}, or model.pretrained / "
+                         f"init_from to fine-tune)")
 
 
 def export(path: str | Path, fmt: str, out: str | Path, use_ema: bool = True, dtype: torch.dtype | None = None,

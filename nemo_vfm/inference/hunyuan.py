@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from nemo_vfm.inference.generation import FamilyGeneration
+
 HUNYUAN_FPS = 24.0  # the release's frame rate (flavors.FPS)
 I2V_PIPELINE = "HunyuanVideo15ImageToVideoPipeline"
 
@@ -243,3 +245,25 @@ def generate_hunyuan(
     videos = engine.decode(engine.last_latents)
     times["decode_s"] = now() - t2
     return videos, times
+
+
+def _sampler(ctx):
+    """The ByT5 glyph encoder beside the Qwen2.5-VL text encoder (rank 0); an I2V checkpoint's image conditions,
+    computed once."""
+    args, engine = ctx.args, ctx.engine
+    glyph = glyph_encoder(ctx.info, args.text_encoder_device or ctx.device) if ctx.rank == 0 else None
+    first = None
+    if args.image:
+        first = image_conditions(ctx.info, engine.tokenizer, args.image, ctx.frames, ctx.height, ctx.width,
+                                 ctx.device)
+    shape = (ctx.channels, *ctx.thw)
+
+    def sample(batch: list[str]):
+        return generate_hunyuan(engine, batch, shape, ctx.sampling, glyph, first, progress=True)
+
+    return sample
+
+
+GENERATION = FamilyGeneration(family="hunyuanvideo", kind="hunyuan", published_info=hunyuan_checkpoint_info,
+                              image=lambda info: "required" if "image_encoder" in info.generation else "none",
+                              image_size=image_size, sampler=_sampler)

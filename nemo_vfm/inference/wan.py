@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+from nemo_vfm.inference.generation import FamilyGeneration
+
+KIND = "wan"  # the checkpoint kind of a published Wan folder
 WAN_FPS = 16.0
 WAN_FRAMES = 81
 
@@ -40,10 +43,10 @@ def wan_checkpoint_info(path: str | Path):
     from nemo_vfm.inference.checkpoint_info import CheckpointInfo
     from nemo_vfm.models.wan.convert import read_config
     from nemo_vfm.models.wan.flavors import SAMPLING, flavor_of, wan_objective
-    from nemo_vfm.models.wan.weights import expert_dirs
+    from nemo_vfm.models.wan.weights import ADAPTER
 
     root = Path(path)
-    two = expert_dirs(root) is not None
+    two = ADAPTER.expert_dirs(root) is not None
     cfg = read_config(root, "high" if two else None)
     if two:
         flavor = flavor_of(cfg, two_experts=True) or ("i2v_a14b" if cfg.cond_channels else "t2v_a14b")
@@ -66,7 +69,7 @@ def wan_checkpoint_info(path: str | Path):
         gen["text_encoder"] = {"name": "umt5", "kwargs": {"path": str(root), "max_length": cfg.text_len}}
     if cfg.is_i2v and (root / "image_encoder").is_dir():
         gen["image_encoder"] = str(root)
-    return CheckpointInfo(root, "wan", cfg, objective, gen, 0)
+    return CheckpointInfo(root, KIND, cfg, objective, gen, 0)
 
 
 def _is_ti2v(root: Path, cfg) -> bool:
@@ -240,3 +243,44 @@ def generate_wan22(engine, prompts: list[str], latent_shape, sampling, extra_con
     videos = engine.decode(latents)
     times["decode_s"] = time.perf_counter() - t0
     return videos, times
+
+def _image_input(info) -> str:
+    """I2V checkpoints need a first frame; a published Wan 2.2 TI2V folder (first-frame objective, one network)
+    takes one or not."""
+    from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
+
+    cfg = info.model_config
+    if getattr(cfg, "is_i2v", False) or getattr(cfg, "cond_channels", 0) > 0:
+        return "required"
+    ti2v = isinstance(info.objective, FirstFrameFlowMatching) and "experts" not in info.generation
+    return "optional" if ti2v and info.kind == KIND else "none"
+
+
+def _sampler(ctx):
+    """Per batch: the first frame's conditions (``--image``), then one network or two experts (Wan 2.2 A14B, the
+    low-noise expert built beside the high-noise one) and the TI2V first frame kept."""
+    from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
+
+    info, args, engine = ctx.info, ctx.args, ctx.engine
+    shape = (ctx.channels, *ctx.thw)
+    two = "experts" in info.generation
+    wan22 = info.kind == KIND and (two or isinstance(info.objective, FirstFrameFlowMatching))  # published Wan 2.2
+    low = low_noise_engine(info, engine, ctx.layout, compile=ctx.compile) if two else None
+
+    def sample(batch: list[str]):
+        extra = None
+        if args.image:
+            extra = image_conditions(info, engine.tokenizer, args.image, len(batch), ctx.frames, ctx.height,
+                                     ctx.width, ctx.device)
+        if wan22:
+            return generate_wan22(engine, batch, shape, ctx.sampling, extra, low=low, guidance_2=args.guidance_2,
+                                  progress=True)
+        return engine.generate(batch, shape, ctx.sampling, fps=info.generation.get("fps"), progress=True,
+                               extra_cond=extra)
+
+    return sample
+
+
+GENERATION = FamilyGeneration(family="wan", kind=KIND, published_info=wan_checkpoint_info, compile_on_cuda=True,
+                              export_published=False, image=_image_input, check=check_generation_parts,
+                              sampler=_sampler)

@@ -7,8 +7,8 @@
 The layout is validated when processes are up and *before* the model is built (world size, heads,
 layers); ranks left over after TP x CP x PP become data parallel (sharded with FSDP2 when
 ``fsdp=True``, replicated otherwise; ``data_parallel_replicate_size`` > 1 with FSDP is HSDP).
-The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies the family's plan (e.g.
-:func:`nemo_vfm.models.dit.parallelize.parallelize_dit`) to it and to its EMA copy before Lightning creates the
+The LightningModule builds its plain network in ``configure_model``; :meth:`setup` applies the family's plan (the generic
+:func:`nemo_vfm.parallel.parallelize.parallelize` with the family's spec) to it and to its EMA copy before Lightning creates the
 optimizer. Trained from scratch by several processes, the network is initialised by rank 0 alone (the others build it
 on meta, :meth:`builds_meta`), laid out on meta, and each tensor sent from rank 0 by one broadcast (each rank keeps its
 shard; never whole on a GPU). A config naming pretrained weights (``WanConfig.pretrained``) is built on meta (:meth:`streams_weights`):

@@ -11,12 +11,12 @@ from nemo_vfm.models.spec import FamilySpec
 
 
 def _table() -> tuple[FamilySpec, ...]:
-    from nemo_vfm.models.cosmos.parallelize import SPEC as cosmos
-    from nemo_vfm.models.dit.parallelize import SPEC as dit
-    from nemo_vfm.models.hunyuan.parallelize import SPEC as hunyuanvideo
-    from nemo_vfm.models.moviegen.parallelize import SPEC as moviegen
-    from nemo_vfm.models.stdit.parallelize import SPEC as stdit
-    from nemo_vfm.models.wan.parallelize import SPEC as wan
+    from nemo_vfm.models.cosmos.family import SPEC as cosmos
+    from nemo_vfm.models.dit.family import SPEC as dit
+    from nemo_vfm.models.hunyuan.family import SPEC as hunyuanvideo
+    from nemo_vfm.models.moviegen.family import SPEC as moviegen
+    from nemo_vfm.models.stdit.family import SPEC as stdit
+    from nemo_vfm.models.wan.family import SPEC as wan
 
     return dit, stdit, moviegen, wan, cosmos, hunyuanvideo
 
@@ -31,3 +31,8 @@ def family_spec(model_or_config, fallback: str = "use it without parallelism") -
     known = ", ".join(f"{s.name} ({s.config.__name__})" for s in _table())
     raise NotImplementedError(f"{type(cfg).__name__} belongs to no declared model family ({known}), so it has no "
                               f"parallel plan; {fallback}")
+
+
+def family_specs() -> tuple[FamilySpec, ...]:
+    """Every declared family's spec."""
+    return _table()

@@ -1,49 +1,58 @@
-"""A model family, declared: :class:`FamilySpec` (torchtitan's ``TrainSpec``). Each family's ``parallelize.py``
+"""A model family, declared: :class:`FamilySpec` (torchtitan's ``TrainSpec``). Each family's ``family.py``
 declares its ``SPEC``; :mod:`nemo_vfm.models.families` lists them. Adding a family: docs/models.md.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from nemo_vfm.parallel.token_split import TokenSplit
 
-@dataclass(frozen=True, kw_only=True)
-class TokenSplit:
-    """Which block arguments the sequence/context split rewrites (diffusers' ``_cp_plan``, as data): ``tokens``
-    are split once before block 0 and gathered after the head; ``per_token_cond`` are split when per-token
-    ``(B, S, D)`` and kept when ``(B, D)``; ``rope`` is sliced to this rank's tokens; ``masks`` (``attn_mask``,
-    ``context_mask``) are replaced by this rank's view; ``seg_ids`` (packed batches) by this rank's segments.
-    Every name must be an argument of the family's block ``forward``, or installing the split raises."""
+if TYPE_CHECKING:
+    from nemo_vfm.models.common.weights import WeightsAdapter
 
-    tokens: tuple[str, ...] = ("x_BSD",)
-    per_token_cond: tuple[str, ...] = ("c",)
-    rope: str | None = "rope"
-    masks: tuple[str, ...] = ("attn_mask", "context_mask")
-    seg_ids: str | None = "seg_ids"
+__all__ = ["FamilySpec", "TokenSplit", "check_unpipelined_layout", "COMMON_KNOBS", "DENSE_KNOBS"]
 
-    def names(self) -> list[str]:
-        return [*self.tokens, *self.per_token_cond, *self.masks, *(n for n in (self.rope, self.seg_ids) if n)]
+# the parallelize knobs every family reads; DENSE_KNOBS adds fused q/k/v and FP8 linears
+COMMON_KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "param_dtype", "reduce_dtype",
+                          "attention_backend", "reshard_after_forward", "cpu_offload"})
+DENSE_KNOBS = COMMON_KNOBS | {"fuse_qkv", "float8", "float8_modules"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class FamilySpec:
-    """What the training strategy and the inference engine need of a family.
+    """What the training strategy, the generic parallelize and the inference engine need of a family.
 
-    ``knobs``: the parallelize keywords the family reads (``compile``, ``fuse_qkv``...); ``layout_knobs``: those
-    ``check_layout(cfg, dims, latent_thw, **layout_knobs)`` reads. ``tp_plan``: block-relative module path ->
-    style; ``tp_optional``: plan paths a block may lack (e.g. I2V-only layers); ``tp_partial`` /
+    ``knobs``: the :func:`~nemo_vfm.parallel.parallelize.parallelize` keywords the family reads (``compile``,
+    ``fuse_qkv``...); ``layout_knobs``: those ``check_layout(cfg, dims, latent_thw, **layout_knobs)`` reads.
+    ``tp_plan``: block-relative module path -> style; ``tp_optional``: plan paths a block may lack (e.g. I2V-only
+    layers); ``sp_input_arity``: positional inputs of each ``sp_input`` module; ``tp_partial`` /
     ``pp_duplicated``: parameter-name patterns whose gradients are summed over TP / PP; ``token_split``: the block
-    arguments that context / sequence parallelism split (:class:`TokenSplit`). ``flops(cfg, seq_lens, text_lens,
-    grids)``: the analytic forward FLOPs (a :class:`~nemo_vfm.models.common.flops.FlopBreakdown`) of samples of
-    ``seq_lens`` video tokens, ``text_lens`` text tokens and ``(t, h, w)`` patch ``grids`` (the last two may be
-    None where the family does not need them); the step log's TFLOP/s and MFU. ``build_pipeline_stages``
-    and ``set_stage_grid``: None for a family without pipeline stages."""
+    arguments that context / sequence parallelism split (:class:`TokenSplit`; ``pad_tokens``: a token count that
+    does not divide is padded, else it raises). ``self_attention_cores``: block-relative paths of the attention
+    cores CP replaces with ``cp_core`` (None: the ring / all-to-all core), or ``install_cp(blocks, pmesh,
+    attention_backend, **layout_knobs)`` where the family replaces them itself (ST-DiT's factorized attention).
+    ``moe_modules`` / ``moe_type``: block paths that are mixture-of-experts layers when of that type (no TP on
+    them; experts split by expert parallelism). ``tp_group_types``: module types given the TP group (norms over all
+    heads); ``sp_scaled_inputs``: model attributes whose output gradient is pre-scaled by 1/tp under SP.
+
+    Published weights (None for a family without a release): ``weights``, the family's
+    :class:`~nemo_vfm.models.common.weights.WeightsAdapter` (folders, names, streaming load); ``save_weights(state,
+    folder, cfg, layout)``: a whole model as a published folder (``vfm export --format diffusers|original``);
+    ``comfyui_lora(lora_state, cfg, rank, alpha, dtype)``: LoRA adapters in ComfyUI's layout.
+
+    ``flops(cfg, seq_lens, text_lens, grids)``: the analytic forward FLOPs (a
+    :class:`~nemo_vfm.models.common.flops.FlopBreakdown`) of samples of ``seq_lens`` video tokens, ``text_lens`` text
+    tokens and ``(t, h, w)`` patch ``grids`` (the last two may be None where the family does not need them); the
+    step log's TFLOP/s and MFU. ``build_pipeline_stages`` and ``set_stage_grid``: None for a family without pipeline
+    stages."""
 
     name: str
     config: type
-    parallelize: Callable
     check_layout: Callable
     knobs: frozenset[str]
     layout_knobs: frozenset[str] = frozenset()
@@ -51,10 +60,30 @@ class FamilySpec:
     token_split: TokenSplit
     flops: Callable
     tp_optional: frozenset[str] = frozenset()
+    sp_input_arity: dict[str, int]
+    pad_tokens: bool = True
+    self_attention_cores: tuple[str, ...] = ()
+    cp_core: type | None = None
+    install_cp: Callable | None = None
+    moe_modules: tuple[str, ...] = ()
+    moe_type: type | None = None
+    tp_group_types: tuple[type, ...] = ()
+    sp_scaled_inputs: tuple[str, ...] = ()
     tp_partial: tuple[str, ...] = ()
     pp_duplicated: tuple[str, ...] = ()
     build_pipeline_stages: Callable | None = None
     set_stage_grid: Callable | None = None
+    weights: WeightsAdapter | None = None
+    save_weights: Callable | None = None
+    comfyui_lora: Callable | None = None
+
+    @property
+    def parallelize(self) -> Callable:
+        """``parallelize(model, pmesh, **knobs)``: :func:`nemo_vfm.parallel.parallelize.parallelize` for this
+        family."""
+        from nemo_vfm.parallel.parallelize import parallelize
+
+        return functools.partial(parallelize, spec=self)
 
     def select_knobs(self, knobs: dict, defaults: dict, names: dict | None = None) -> dict:
         """The keywords of ``knobs`` that this family reads. A knob it does not read, set away from its default,

@@ -19,6 +19,7 @@ features split, then gathered), ``rowwise_replicate`` (partial outputs summed on
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -102,3 +103,19 @@ def apply_tensor_parallel(
         # must exist before the children are converted.
         ordered = dict(sorted(torch_plan.items(), key=lambda kv: not isinstance(kv[1], PrepareModuleInput)))
         parallelize_module(block, tp_mesh, ordered)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def scale_grad_hook(scale: float):
+    """A forward hook that leaves a module's output as it is and multiplies its gradient by ``scale``."""
+    return lambda mod, args, out: _ScaleGrad.apply(out, scale)

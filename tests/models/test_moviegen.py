@@ -131,7 +131,7 @@ def test_flavors_and_errors():
 
 
 def test_layout_check_names_the_problem():
-    from nemo_vfm.models.moviegen.parallelize import check_layout
+    from nemo_vfm.models.moviegen.family import check_layout
     from nemo_vfm.parallel.dims import ParallelDims
 
     with pytest.raises(ValueError, match="num_kv_heads=8"):

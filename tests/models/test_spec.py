@@ -50,7 +50,8 @@ def test_a_renamed_block_argument_fails_the_token_split():
     split without a word)."""
     from types import SimpleNamespace
 
-    from nemo_vfm.models.dit import parallelize as P
+    from nemo_vfm.models.dit import family as P
+    from nemo_vfm.parallel.token_split import install_token_hooks
 
     class Renamed(torch.nn.Module):
         def forward(self, x, c, rope=None, context=None, context_mask=None, shared_adaln=None, attn_mask=None,
@@ -60,4 +61,4 @@ def test_a_renamed_block_argument_fails_the_token_split():
     model = torch.nn.Module()
     model.blocks = torch.nn.ModuleList([Renamed()])
     with pytest.raises(ValueError, match=r"names block argument\(s\) \['x_BSD'\], which Renamed.forward does not take"):
-        P._install_token_hooks(model, SimpleNamespace(plan=P.TOKEN_SPLIT))
+        install_token_hooks(model, SimpleNamespace(plan=P.TOKEN_SPLIT))

@@ -129,7 +129,7 @@ def test_flavors_and_errors():
 
 
 def test_layout_check_names_the_problem():
-    from nemo_vfm.models.stdit.parallelize import check_layout
+    from nemo_vfm.models.stdit.family import check_layout
     from nemo_vfm.parallel.dims import ParallelDims
 
     cfg = tiny()

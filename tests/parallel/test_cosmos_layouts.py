@@ -31,7 +31,7 @@ def cosmos_cfg():
 def _worker(rank, world, layouts, folder):
     from torch.distributed.tensor import DTensor
 
-    from nemo_vfm.models.cosmos.parallelize import parallelize_cosmos
+    from nemo_vfm.models.cosmos.family import SPEC
     from nemo_vfm.models.cosmos.weights import load_weights
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh
@@ -46,7 +46,7 @@ def _worker(rank, world, layouts, folder):
     loaded = {}
     for name, dims_kw in {"FSDP2": {}, "TP2": dict(tp=2)}.items():
         pmesh = build_mesh(ParallelDims(world_size=world, **dims_kw))
-        model = parallelize_cosmos(cfg.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
+        model = SPEC.parallelize(cfg.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
         model.to_empty(device="cpu")
         load_weights(model, folder)
         assert any(isinstance(p, DTensor) for p in model.parameters())
@@ -105,7 +105,7 @@ def _v2w_loss(model, b):
 
 
 def _v2w_worker(rank, world, layouts):
-    from nemo_vfm.models.cosmos import parallelize as P
+    from nemo_vfm.models.cosmos import family as P
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import sync_grads
 
@@ -140,7 +140,7 @@ def test_cosmos_video2world_gradients_under_tp_sp_cp_match_single_process():
 
 
 def test_pipeline_parallel_is_refused_by_name():
-    from nemo_vfm.models.cosmos.parallelize import check_layout
+    from nemo_vfm.models.cosmos.family import check_layout
     from nemo_vfm.parallel.dims import ParallelDims
 
     with pytest.raises(ValueError, match="Cosmos has no pipeline-parallel plan"):

@@ -21,7 +21,7 @@ def _policies(model):
 
 
 def _worker(rank, world):
-    from nemo_vfm.models.wan.parallelize import parallelize_wan
+    from nemo_vfm.models.wan.family import SPEC
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh
 
@@ -29,7 +29,7 @@ def _worker(rank, world):
     problem = E.make_problem(cfg)
     dims = ParallelDims(world_size=world)
     out = {"offload": E.run_layout(cfg, problem, dims, cpu_offload=True)}
-    model = parallelize_wan(cfg.build(), build_mesh(ParallelDims(world_size=world)), cpu_offload=True,
+    model = SPEC.parallelize(cfg.build(), build_mesh(ParallelDims(world_size=world)), cpu_offload=True,
                             param_dtype=None, reduce_dtype=None)
     out["policies"] = _policies(model)
     out["dtensors"] = all(type(p).__name__ == "DTensor" for p in model.parameters())

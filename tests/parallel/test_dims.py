@@ -2,7 +2,7 @@
 
 import pytest
 
-from nemo_vfm.models.dit import parallelize as P
+from nemo_vfm.models.dit import family as P
 from nemo_vfm.models.dit.flavors import dit_config
 from nemo_vfm.parallel.dims import ParallelDims
 

@@ -86,7 +86,7 @@ def _fsdp2_float8(rank, world):
     from torchao.float8.float8_linear import Float8Linear
 
     from bench import equivalence as E
-    from nemo_vfm.models.dit.parallelize import parallelize_dit
+    from nemo_vfm.models.dit.family import SPEC
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh
 
@@ -103,7 +103,7 @@ def _fsdp2_float8(rank, world):
     apply_float8(ref.blocks, "tensorwise", "all")
     ref_loss = E.forward_loss(ref, batch)
     ref_loss.backward()
-    model = parallelize_dit(build(), build_mesh(ParallelDims(world_size=world), "cpu"), float8="tensorwise",
+    model = SPEC.parallelize(build(), build_mesh(ParallelDims(world_size=world), "cpu"), float8="tensorwise",
                             float8_modules="all", param_dtype=None, reduce_dtype=None)
     loss = E.forward_loss(model, batch)
     loss.backward()

@@ -55,7 +55,7 @@ def loss_of(model, b):
 def _worker(rank, world, layouts, folder):
     from torch.distributed.tensor import DTensor
 
-    from nemo_vfm.models.hunyuan import parallelize as P
+    from nemo_vfm.models.hunyuan import family as P
     from nemo_vfm.models.hunyuan.convert import load_weights
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import split_dtensor_groups, sync_grads
@@ -80,7 +80,7 @@ def _worker(rank, world, layouts, folder):
         out[name] = (loss.item(), grads, E._collect(modules, "param"))
     loaded = {}
     for name, kw in ({"FSDP2": {}, "TP2": dict(tp=2)} if folder else {}).items():
-        model = P.parallelize_hunyuan(cfg().build("meta"), build_mesh(ParallelDims(world_size=world, **kw)),
+        model = P.SPEC.parallelize(cfg().build("meta"), build_mesh(ParallelDims(world_size=world, **kw)),
                                       param_dtype=None, reduce_dtype=None)
         model.to_empty(device="cpu")
         load_weights(model, folder)
@@ -137,7 +137,7 @@ def test_cp_with_tp_matches_one_process():
     (dict(cp=2, cp_kind="a2a", tp=2, sequence_parallel=True), "sequence parallelism"),
 ])
 def test_refused_cp_layouts_name_the_fix(kw, match):
-    from nemo_vfm.models.hunyuan.parallelize import check_layout
+    from nemo_vfm.models.hunyuan.family import check_layout
     from nemo_vfm.parallel.dims import ParallelDims
 
     with pytest.raises((ValueError, NotImplementedError), match=match):

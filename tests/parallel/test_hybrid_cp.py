@@ -63,7 +63,7 @@ def run_layout(family: str, cfg, problem: dict, dims, steps: int = STEPS, **kw) 
     from nemo_vfm.parallel.grads import clean_name, clip_grad_norm_, sync_grads
     from nemo_vfm.parallel.mesh import build_mesh
 
-    P = importlib.import_module(f"nemo_vfm.models.{family}.parallelize")
+    P = importlib.import_module(f"nemo_vfm.models.{family}.family")
     pmesh = build_mesh(dims)
     model = cfg.build("meta").to_empty(device="cpu")
     model.load_state_dict(problem["state"])
@@ -77,7 +77,7 @@ def run_layout(family: str, cfg, problem: dict, dims, steps: int = STEPS, **kw) 
             P.set_stage_grid(st, problem["latent"])
         runner = PipelineRunner(modules, ids, pmesh, device=torch.device("cpu"), pp_duplicated=P.PP_DUPLICATED)
     else:
-        modules = [P.parallelize(model, pmesh, **kw)]
+        modules = [P.SPEC.parallelize(model, pmesh, **kw)]
     opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.5)
     dp, r = pmesh.size("dp"), pmesh.rank("dp")
     n = problem["x0"].shape[0] // dp

@@ -40,9 +40,9 @@ def _train(rank, world, root, family, strategy_kw):
 
 
 def test_family_spec_lookup_and_knobs():
-    import nemo_vfm.models.dit.parallelize as dit_plan
-    import nemo_vfm.models.stdit.parallelize as stdit_plan
-    import nemo_vfm.models.wan.parallelize as wan_plan
+    import nemo_vfm.models.dit.family as dit_plan
+    import nemo_vfm.models.stdit.family as stdit_plan
+    import nemo_vfm.models.wan.family as wan_plan
     from nemo_vfm.models.dit.model import DiTConfig
 
     assert family_spec(DiTConfig(num_layers=1, hidden_size=32, num_heads=4)) is dit_plan.SPEC
@@ -70,7 +70,7 @@ def test_a_knob_the_family_does_not_read_fails_naming_it():
 
 
 def test_stdit_head_groups_must_divide_the_heads_per_tp_rank():
-    from nemo_vfm.models.stdit.parallelize import check_layout
+    from nemo_vfm.models.stdit.family import check_layout
     from nemo_vfm.parallel.dims import ParallelDims
 
     cfg = _config("stdit")

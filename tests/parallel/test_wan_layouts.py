@@ -33,7 +33,7 @@ def _worker(rank, world, layouts, folder):
     from torch.distributed.tensor import DTensor
 
     from nemo_vfm.models.wan.convert import load_weights
-    from nemo_vfm.models.wan.parallelize import parallelize_wan
+    from nemo_vfm.models.wan.family import SPEC
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh
 
@@ -48,7 +48,7 @@ def _worker(rank, world, layouts, folder):
     for name, dims_kw in {"FSDP2": {}, "TP2": dict(tp=2), "FSDP2 init_weights": {}}.items():
         pmesh = build_mesh(ParallelDims(world_size=world, **dims_kw))
         c = dataclasses.replace(cfg, pretrained=folder) if "init_weights" in name else cfg
-        model = parallelize_wan(c.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
+        model = SPEC.parallelize(c.build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
         model.to_empty(device="cpu")
         if "init_weights" in name:
             model.init_weights()  # the strategy's materialisation step, with WanConfig.pretrained set
@@ -112,7 +112,7 @@ def _i2v_loss(model, b):
 
 
 def _i2v_worker(rank, world, layouts):
-    from nemo_vfm.models.wan import parallelize as P
+    from nemo_vfm.models.wan import family as P
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.grads import sync_grads
 
@@ -150,13 +150,13 @@ def _load_2d(rank, world, folder):
     from torch.distributed.tensor import DTensor
 
     from nemo_vfm.models.wan.convert import load_weights
-    from nemo_vfm.models.wan.parallelize import parallelize_wan
+    from nemo_vfm.models.wan.family import SPEC
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.materialize import local_region
     from nemo_vfm.parallel.mesh import build_mesh
 
     pmesh = build_mesh(ParallelDims(world_size=world, tp=2, dp_shard=2))
-    model = parallelize_wan(wan_cfg().build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
+    model = SPEC.parallelize(wan_cfg().build("meta"), pmesh, param_dtype=None, reduce_dtype=None)
     model.to_empty(device="cpu")
     read = load_weights(model, folder)
     params = [p for p in model.parameters() if isinstance(p, DTensor)]

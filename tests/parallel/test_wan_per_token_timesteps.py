@@ -24,12 +24,12 @@ def _inputs():
 
 
 def _split_forward(rank, world, layout):
-    from nemo_vfm.models.wan.parallelize import parallelize_wan
+    from nemo_vfm.models.wan.family import SPEC
     from nemo_vfm.parallel.dims import ParallelDims
     from nemo_vfm.parallel.mesh import build_mesh
 
     net, x, t, ctx = _inputs()
-    net = parallelize_wan(net, build_mesh(ParallelDims(world_size=world, **layout)), param_dtype=None,
+    net = SPEC.parallelize(net, build_mesh(ParallelDims(world_size=world, **layout)), param_dtype=None,
                           reduce_dtype=None)
     return net(x, t, context=ctx).detach()
 

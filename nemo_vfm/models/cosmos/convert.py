@@ -2,7 +2,8 @@
 
 * **ours** = the original Cosmos release's parameter names without its ``net.`` prefix (``model.py``);
   :func:`from_original` strips the prefix and drops the release's non-parameter entries (sample counters, RoPE
-  buffers, ``_extra_state``), :func:`to_original` adds it back.
+  buffers, ``_extra_state``), :func:`to_original` adds it back. Names, folders, loading and saving are the generic
+  adapter's (``weights.ADAPTER``).
 * **diffusers** (``CosmosTransformer3DModel``, the ``transformer/`` of a ``Cosmos2_5_PredictBasePipeline``
   folder): names per :data:`nemo_vfm.models.cosmos.weights.RENAMES`; ``config.json`` with
   ``num_attention_heads``, ``attention_head_dim``, ``in_channels`` = latents + 1 (the condition-mask channel),
@@ -18,35 +19,13 @@ from pathlib import Path
 import torch
 
 from nemo_vfm.models.cosmos.model import CosmosConfig, CosmosModel
-from nemo_vfm.models.cosmos.weights import (
-    from_diffusers_name,
-    load_weights,
-    to_diffusers_name,
-    transformer_dir,
-)
+from nemo_vfm.models.cosmos.weights import ADAPTER
 
-_ORIGINAL_EXTRAS = ("accum_video_sample_counter", "accum_image_sample_counter", "accum_iteration",
-                    "accum_train_in_hours", "pos_embedder.", "_extra_state")
-
-
-def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> a ``CosmosTransformer3DModel`` state dict (same tensors)."""
-    return {to_diffusers_name(k): v for k, v in state.items()}
-
-
-def from_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A ``CosmosTransformer3DModel`` state dict -> ours (same tensors)."""
-    return {from_diffusers_name(k): v for k, v in state.items()}
-
-
-def to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> the release's (``net.`` prefix)."""
-    return {f"net.{k}": v for k, v in state.items()}
-
-
-def from_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The release's state dict (``net.``-prefixed, with its bookkeeping entries) -> ours."""
-    return {k.removeprefix("net."): v for k, v in state.items() if not any(e in k for e in _ORIGINAL_EXTRAS)}
+to_diffusers_name, from_diffusers_name = ADAPTER.to_diffusers_name, ADAPTER.from_diffusers_name
+to_diffusers, from_diffusers = ADAPTER.state_to_diffusers, ADAPTER.state_from_diffusers
+to_original, from_original = ADAPTER.state_to_original, ADAPTER.state_from_original
+transformer_dir, weight_files, detect_layout = ADAPTER.transformer_dir, ADAPTER.weight_files, ADAPTER.detect_layout
+load_weights, is_cosmos_folder = ADAPTER.load_weights, ADAPTER.is_folder
 
 
 def config_to_diffusers(cfg: CosmosConfig) -> dict:
@@ -92,40 +71,21 @@ def read_config(path: str | Path, **overrides) -> CosmosConfig:
     return config_from_json(c, **overrides)
 
 
-def is_cosmos_folder(path: str | Path) -> bool:
-    """Whether ``path`` is a Cosmos transformer folder or a pipeline folder with one."""
-    try:
-        c = json.loads((transformer_dir(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return c.get("_class_name") == "CosmosTransformer3DModel"
-
-
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                     config: CosmosConfig | None = None) -> CosmosModel:
     """A :class:`CosmosModel` with the weights of a Cosmos folder, built on meta and assigned tensor by tensor."""
     cfg = config if config is not None else read_config(path, pretrained=str(path))
-    with torch.device("meta"):
-        model = CosmosModel(cfg)
-    if dtype is not None:
-        model.to(dtype)
-    load_weights(model, path)
-    return model.to(device)
+    return ADAPTER.load_new(lambda: CosmosModel(cfg), path, device, dtype)
+
+
+def config_json(cfg: CosmosConfig, layout: str) -> dict:
+    return dict(config_to_diffusers(cfg), _class_name="CosmosTransformer3DModel")
 
 
 def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: CosmosConfig, layout: str = "diffusers",
                  max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write ``state`` (our names) as a diffusers ``CosmosTransformer3DModel`` folder: ``config.json`` and
     safetensors shards of at most ``max_shard_bytes`` (with the ``.index.json`` when sharded). ``layout``: only
-    ``"diffusers"`` (the release ships ``.pt`` files with its own configs, which we do not write)."""
-
-    if layout != "diffusers":
-        raise ValueError(f"Cosmos weights export to layout='diffusers' only, got {layout!r}; the original release's "
-                         "checkpoints are .pt files (convert.to_original gives their state dict)")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(dict(config_to_diffusers(cfg),
-                                                        _class_name="CosmosTransformer3DModel"), indent=2))
-    from nemo_vfm.io.sharded_safetensors import save_sharded
-
-    return save_sharded(to_diffusers(state), folder, max_shard_bytes)
+    ``"diffusers"`` (the release ships ``.pt`` files with its own configs, which we do not write; ``to_original``
+    gives their state dict)."""
+    return ADAPTER.save(state, folder, cfg, config_json, layout, max_shard_bytes)

@@ -1,24 +1,18 @@
-"""Cosmos-Predict2.5 weights on disk: parameter names of the two published layouts and the streaming loader.
+"""Cosmos-Predict2.5 weights on disk, declared for the generic adapter (:class:`~nemo_vfm.models.common.weights.
+WeightsAdapter`): :data:`ADAPTER`.
 
-Ours are the original release's names without its ``net.`` prefix; :data:`RENAMES` maps them to diffusers'
+Ours are the original release's names without its ``net.`` prefix (the release's non-parameter entries, sample
+counters, RoPE buffers and ``_extra_state``, are dropped); :data:`RENAMES` maps them to diffusers'
 ``CosmosTransformer3DModel`` names and :data:`INVERSE` back. A folder is a transformer folder (``config.json`` +
 ``diffusion_pytorch_model*.safetensors``, with the ``.index.json`` when sharded) or a pipeline folder whose
-``transformer/`` holds it. :func:`load_weights` streams it into a plain, meta-device or already sharded model (FP8
-LoRA bases quantised as read) through the loader every family shares, ``nemo_vfm.models.common.published_weights``,
-with :func:`sources` as Cosmos's key map.
+``transformer/`` holds it.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+from nemo_vfm.models.common.weights import WeightsAdapter
 
-from torch import nn
-
-from nemo_vfm.models.common.published_weights import Source, load_published, safetensors_files
-
-__all__ = ["RENAMES", "INVERSE", "to_diffusers_name", "from_diffusers_name", "detect_layout", "load_weights",
-           "sources", "transformer_dir", "weight_files"]
+__all__ = ["ADAPTER", "RENAMES", "INVERSE", "load_weights"]
 
 _ADALN = {"self_attn": "norm1", "cross_attn": "norm2", "mlp": "norm3"}
 _PROJ = {"q_proj": "to_q", "k_proj": "to_k", "v_proj": "to_v", "output_proj": "to_out.0", "q_norm": "norm_q",
@@ -57,59 +51,12 @@ INVERSE: tuple[tuple[str, str], ...] = (
 )
 
 
-def transformer_dir(path: str | Path) -> Path:
-    """The folder holding the transformer weights: ``path`` itself or a pipeline folder's ``transformer/``."""
-    p = Path(path)
-    if p.is_file():
-        return p.parent
-    return p / "transformer" if (p / "transformer").is_dir() else p
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a Cosmos folder (from the index when there is one), or ``path`` itself."""
-    if Path(path).is_file():
-        return [Path(path)]
-    return safetensors_files(transformer_dir(path), "a Cosmos transformer folder or a Cosmos-Predict2.5 pipeline "
-                                                    "folder with transformer/")
-
-
-def _apply(name: str, table) -> str:
-    for pat, rep in table:
-        name = re.sub(pat, rep, name)
-    return name
-
-
-def to_diffusers_name(name: str) -> str:
-    return _apply(name, RENAMES)
-
-
-def from_diffusers_name(name: str) -> str:
-    return _apply(name, INVERSE)
-
-
-def detect_layout(keys) -> str:
-    """``'diffusers'`` or ``'ours'`` (the release's names, with or without ``net.``) from parameter names."""
-    keys = list(keys)
-    if any(k.startswith(("transformer_blocks.", "patch_embed.")) for k in keys):
-        return "diffusers"
-    if any(k.removeprefix("net.").startswith(("blocks.", "x_embedder.")) for k in keys):
-        return "ours"
-    raise ValueError("these weights are neither a diffusers CosmosTransformer3DModel nor an original Cosmos network "
-                     "(no transformer_blocks.* / blocks.* keys)")
-
-
-def sources(keys: list[str]) -> dict[str, Source]:
-    """A Cosmos folder's keys (diffusers' names, or the release's with or without ``net.``) -> ``{our name:
-    Source}``."""
-    if detect_layout(keys) == "diffusers":
-        return {from_diffusers_name(k): Source((k,)) for k in keys}
-    return {k.removeprefix("net."): Source((k,)) for k in keys}
-
-
-def load_weights(model: nn.Module, path: str | Path, strict: bool = True) -> int:
-    """Stream a Cosmos folder's weights into ``model`` one tensor at a time; return the number of elements read.
-    Plain, meta-device (assigned as read) or parallelised models (each DTensor gets only its local slice); a
-    network with LoRA adapters takes them as base weights, an FP8 base (``frozen_dtype="fp8"``) quantised as read
-    (``nemo_vfm.models.common.published_weights.load_published``)."""
-    return load_published(model, weight_files(path), sources, family="Cosmos", path=path, strict=strict,
-                          hint="flavor: layers, sizes")
+ADAPTER = WeightsAdapter(
+    family="Cosmos", diffusers_class="CosmosTransformer3DModel", to_diffusers=RENAMES, from_diffusers=INVERSE,
+    diffusers_keys=r"^(transformer_blocks|patch_embed)\.", original_keys=r"^(net\.)?(blocks|x_embedder)\.",
+    original_prefix="net.", original_extras=("accum_video_sample_counter", "accum_image_sample_counter",
+                                             "accum_iteration", "accum_train_in_hours", "pos_embedder.", "_extra_state"),
+    layouts=("diffusers",),  # the release ships .pt files with its own configs, which we do not write
+    folder_hint="a Cosmos transformer folder or a Cosmos-Predict2.5 pipeline folder with transformer/",
+    config_hint="flavor: layers, sizes")
+load_weights = ADAPTER.load_weights

@@ -10,7 +10,7 @@ import copy
 from torch import nn
 
 from nemo_vfm.models.common.embeddings import unpatchify
-from nemo_vfm.models.dit.token_parallel import _TokenParallel
+from nemo_vfm.parallel.token_split import TokenParallel
 
 
 def stage_layers(num_layers: int, num_stages: int) -> list[list[int]]:
@@ -28,7 +28,7 @@ def copy_stage(model: nn.Module, layers: list[int], drop: tuple[str, ...] = ()) 
     return copy.deepcopy(model, memo)
 
 
-def make_stage(model: nn.Module, layers: list[int], first: bool, last: bool, tok: _TokenParallel) -> nn.Module:
+def make_stage(model: nn.Module, layers: list[int], first: bool, last: bool, tok: TokenParallel) -> nn.Module:
     """A copy of ``model`` that keeps only ``layers`` (other blocks become ``Identity``), the patch
     embedding on the first stage, the final layer on the last, and the conditioning embedders on
     every stage; parameter names are those of the full model, so checkpoints move between layouts.
@@ -49,7 +49,7 @@ def set_stage_grid(stage: nn.Module, latent_thw: tuple[int, int, int]) -> None:
 
 def _stage_forward(self, x, timesteps, context=None, context_mask=None, class_labels=None, fps=None):
     pp = self._pp
-    tok: _TokenParallel = pp["tok"]
+    tok: TokenParallel = pp["tok"]
     T, H, W = pp["grid"]
     grid = (T // self.cfg.patch_size[0], H // self.cfg.patch_size[1], W // self.cfg.patch_size[2])
     rope, pos = self.positions(grid, fps, device=x.device)

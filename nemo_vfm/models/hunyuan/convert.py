@@ -8,7 +8,7 @@ import torch
 
 from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
 from nemo_vfm.models.hunyuan.weights import (  # noqa: F401  (the family's convert API)
-    _last_block,
+    ADAPTER,
     drop_dead_weights,
     from_diffusers,
     load_weights,
@@ -17,6 +17,8 @@ from nemo_vfm.models.hunyuan.weights import (  # noqa: F401  (the family's conve
     to_diffusers_name,
     transformer_dir,
 )
+
+is_hunyuan_folder = ADAPTER.is_folder
 
 
 def config_to_diffusers(cfg: HunyuanVideoConfig, target_size: int = 640, task_type: str = "i2v",
@@ -54,44 +56,17 @@ def config_from_diffusers(c: dict, **overrides) -> HunyuanVideoConfig:
     return HunyuanVideoConfig(**{**kw, **overrides})
 
 
-def is_hunyuan_folder(path: str | Path) -> bool:
-    try:
-        c = json.loads((transformer_dir(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return c.get("_class_name") == "HunyuanVideo15Transformer3DModel"
-
-
 def read_config(path: str | Path, **overrides) -> HunyuanVideoConfig:
     c = json.loads((transformer_dir(path) / "config.json").read_text())
     return config_from_diffusers(c, **overrides)
 
 
-def _original_dead(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    diff = to_diffusers(state)
-    n = _last_block(diff, "transformer_blocks.")
-    b, o = f"transformer_blocks.{n}.", f"double_blocks.{n}."
-    pairs = (("attn.to_add_out.", "txt_attn_proj."), ("ff_context.net.0.proj.", "txt_mlp.fc1."),
-             ("ff_context.net.2.", "txt_mlp.fc2."))
-    return {o + ours + kind: diff[b + theirs + kind] for theirs, ours in pairs for kind in ("weight", "bias")}
-
-
 def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: HunyuanVideoConfig,
                  layout: str = "diffusers", target_size: int = 640) -> Path:
-    """Write ``state`` (our names) as a transformer folder: ``config.json`` + one safetensors file, in ``layout``
-    ('diffusers' or 'original')."""
-    from safetensors.torch import save_file
+    """Write ``state`` (our names) as a transformer folder: ``config.json`` (diffusers', for both layouts) +
+    safetensors, in ``layout`` ('diffusers' or 'original': the release's names, with its zero last-block text
+    weights)."""
+    def config_json(cfg, layout):
+        return dict(config_to_diffusers(cfg, target_size, strict=False), _class_name="HunyuanVideo15Transformer3DModel")
 
-    if layout not in ("diffusers", "original"):
-        raise ValueError(f"layout must be 'diffusers' or 'original', got {layout!r}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    if layout == "diffusers":
-        out = to_diffusers(state)
-    else:  # the release's names, with its (zero) last-block text weights
-        out = from_diffusers(to_diffusers(state)) | {k: v for k, v in _original_dead(state).items()}
-    c = dict(config_to_diffusers(cfg, target_size, strict=False), _class_name="HunyuanVideo15Transformer3DModel")
-    (folder / "config.json").write_text(json.dumps(c, indent=2))
-    save_file({k: v.detach().contiguous().cpu() for k, v in out.items()},
-              str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
-    return folder
+    return ADAPTER.save(state, folder, cfg, config_json, layout)

@@ -13,11 +13,8 @@
   ``high_noise_model/`` + ``low_noise_model/``), read one at a time with ``expert="high"|"low"``. Wan 2.2 I2V has
   no CLIP image tokens (original ``model_type`` ``i2v`` without ``img_emb.*`` weights).
 
-Loading builds the network on the meta device and reads one tensor at a time from each shard with
-``safetensors.safe_open``: into a plain model by assignment, into a sharded one (FSDP2 / TP DTensors) by
-reading only the slice of each tensor that the rank holds (``nemo_vfm.parallel.materialize``: no full model
-copy per rank, no full tensor per rank under plain ``Shard`` placements, no broadcast). The names, folders and
-that streaming loader (:func:`load_weights`) live in ``weights.py``, which ``model.py`` uses without this module.
+Names, folders, loading and saving are the generic adapter's (``weights.ADAPTER``,
+:class:`~nemo_vfm.models.common.weights.WeightsAdapter`); this module adds Wan's configs.
 """
 
 from __future__ import annotations
@@ -30,34 +27,13 @@ from pathlib import Path
 import torch
 
 from nemo_vfm.models.wan.model import WanConfig, WanModel
-from nemo_vfm.models.wan.weights import (
-    EXPERT_DIRS,
-    detect_layout,
-    expert_dirs,
-    from_diffusers_name,
-    load_weights,
-    to_diffusers_name,
-    transformer_dir,
-    weight_files,
-)
+from nemo_vfm.models.wan.weights import ADAPTER
 
-
-def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> a ``WanTransformer3DModel`` state dict (same tensors)."""
-    return {to_diffusers_name(k): v for k, v in state.items()}
-
-
-def from_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A ``WanTransformer3DModel`` state dict -> ours (``norm_added_q``, unused by Wan 2.1, is dropped)."""
-    return {from_diffusers_name(k): v for k, v in state.items() if ".norm_added_q." not in k}
-
-
-def to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> the original Wan release's (the names are the same)."""
-    return dict(state)
-
-
-from_original = to_original
+to_diffusers_name, from_diffusers_name = ADAPTER.to_diffusers_name, ADAPTER.from_diffusers_name
+to_diffusers, from_diffusers = ADAPTER.state_to_diffusers, ADAPTER.state_from_diffusers
+to_original, from_original = ADAPTER.state_to_original, ADAPTER.state_from_original
+transformer_dir, weight_files, expert_dirs = ADAPTER.transformer_dir, ADAPTER.weight_files, ADAPTER.expert_dirs
+detect_layout, load_weights, is_wan_folder = ADAPTER.detect_layout, ADAPTER.load_weights, ADAPTER.is_folder
 
 
 # -- configs --------------------------------------------------------------------------------------------
@@ -175,32 +151,23 @@ def read_config(path: str | Path, expert: str | None = None, **overrides) -> Wan
     return config_from_state(shapes, **overrides)
 
 
-def is_wan_folder(path: str | Path) -> bool:
-    """Whether ``path`` looks like a Wan weights folder (either layout, a pipeline folder, or a two-expert folder)."""
-    d = transformer_dir(path, "high" if expert_dirs(path) else None)
-    try:
-        c = json.loads((d / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return c.get("_class_name") in ("WanTransformer3DModel", "WanModel") or ("dim" in c and "num_heads" in c
-                                                                           and "in_dim" in c)
-
-
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                     config: WanConfig | None = None, expert: str | None = None) -> WanModel:
     """A :class:`WanModel` with the weights of a Wan folder (``expert``: of a two-expert folder): built on meta, each
     tensor assigned from its shard (no random init, no second copy). ``config`` defaults to the folder's
     (:func:`read_config`)."""
     cfg = config if config is not None else read_config(path, expert, pretrained=str(path))
-    with torch.device("meta"):
-        model = WanModel(cfg)
-    if dtype is not None:
-        model.to(dtype)
-    load_weights(model, path)
-    return model.to(device)
+    return ADAPTER.load_new(lambda: WanModel(cfg), path, device, dtype)
 
 
 # -- saving -----------------------------------------------------------------------------------------------
+def config_json(cfg: WanConfig, layout: str) -> dict:
+    """The ``config.json`` of a Wan folder in ``layout`` ('diffusers' or 'original')."""
+    if layout == "diffusers":
+        return dict(config_to_diffusers(cfg), _class_name="WanTransformer3DModel")
+    return config_to_original(cfg)
+
+
 def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: WanConfig, layout: str = "diffusers",
                  max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write ``state`` (our names) as a Wan folder in ``layout`` ('diffusers' or 'original'): ``config.json``,
@@ -208,17 +175,4 @@ def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: WanCon
     A14B model (``cfg.expert``) goes to its subfolder of ``folder`` (``transformer/`` or ``transformer_2/``;
     original: ``high_noise_model/`` or ``low_noise_model/``), so both experts' exports make one folder; returns
     the folder written."""
-    if layout not in ("diffusers", "original"):
-        raise ValueError(f"layout must be 'diffusers' or 'original', got {layout!r}")
-    folder = Path(folder)
-    if cfg.expert is not None:
-        folder = folder / EXPERT_DIRS[cfg.expert][0 if layout == "diffusers" else 1]
-        cfg = dataclasses.replace(cfg, expert=None)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = to_diffusers(state) if layout == "diffusers" else to_original(state)
-    c = (dict(config_to_diffusers(cfg), _class_name="WanTransformer3DModel") if layout == "diffusers"
-         else config_to_original(cfg))
-    (folder / "config.json").write_text(json.dumps(c, indent=2))
-    from nemo_vfm.io.sharded_safetensors import save_sharded
-
-    return save_sharded(out, folder, max_shard_bytes)
+    return ADAPTER.save(state, folder, cfg, config_json, layout, max_shard_bytes)

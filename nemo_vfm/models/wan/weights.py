@@ -1,25 +1,18 @@
-"""Wan 2.1 / 2.2 weights on disk: the two published layouts' parameter names, their folders, and the streaming loader.
+"""Wan 2.1 / 2.2 weights on disk, declared for the generic adapter (:class:`~nemo_vfm.models.common.weights.
+WeightsAdapter`): :data:`ADAPTER`.
 
 Parameter names: ours are the original release's; :data:`RENAMES` maps them to diffusers'
-``WanTransformer3DModel`` names (and back). Folders: a transformer folder in either layout (``config.json`` +
+``WanTransformer3DModel`` names and :data:`INVERSE` back. Folders: a transformer folder in either layout (``config.json`` +
 ``diffusion_pytorch_model*.safetensors``, with the ``.index.json`` when sharded) or a pipeline folder whose
 ``transformer/`` holds it. A Wan 2.2 A14B folder holds two experts (:data:`EXPERT_DIRS`): a diffusers pipeline's
 ``transformer/`` (high noise) and ``transformer_2/`` (low noise), or the release's ``high_noise_model/`` and
-``low_noise_model/``; ``expert="high"|"low"`` picks one. :func:`load_weights` streams a folder into a model (plain,
-on the meta device or already sharded; FP8 LoRA bases quantised as read) through the loader every family shares,
-``nemo_vfm.models.common.published_weights``, with :func:`sources` as Wan's key map. Configs and whole-model
-conversion live in ``convert.py``; this module needs no model class, so ``model.py`` can load pretrained weights
-through it.
+``low_noise_model/``; ``expert="high"|"low"`` picks one. Configs live in ``convert.py``; this module needs no model class, so
+``model.py`` can load pretrained weights through it.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from torch import nn
-
-from nemo_vfm.models.common.published_weights import Source, load_published, safetensors_files
+from nemo_vfm.models.common.weights import WeightsAdapter
 
 # original (= ours) -> diffusers name pieces, applied in order to dotted names
 RENAMES: tuple[tuple[str, str], ...] = (
@@ -47,7 +40,7 @@ RENAMES: tuple[tuple[str, str], ...] = (
     (r"\.cross_attn\.norm_(q|k)\.", r".attn2.norm_\1."),
     (r"\.cross_attn\.norm_k_img\.", ".attn2.norm_added_k."),
 )
-_INVERSE: tuple[tuple[str, str], ...] = (
+INVERSE: tuple[tuple[str, str], ...] = (
     (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
     (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
     (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
@@ -74,88 +67,15 @@ _INVERSE: tuple[tuple[str, str], ...] = (
 )
 
 
-def _rename(name: str, rules) -> str:
-    for pat, rep in rules:
-        name, n = re.subn(pat, rep, name)
-        if n and not pat.startswith(r"\."):  # a whole-name rule: the rest cannot apply
-            break
-    return name
-
-
-def to_diffusers_name(name: str) -> str:
-    """Our (= original Wan) parameter name -> ``WanTransformer3DModel``'s."""
-    return _rename(name, RENAMES)
-
-
-def from_diffusers_name(name: str) -> str:
-    """``WanTransformer3DModel``'s parameter name -> ours (= original Wan)."""
-    return _rename(name, _INVERSE)
-
-
-# -- folders -----------------------------------------------------------------------------------------------
 EXPERT_DIRS: dict[str, tuple[str, str]] = {"high": ("transformer", "high_noise_model"),
                                             "low": ("transformer_2", "low_noise_model")}  # (diffusers, original)
 
-
-def expert_dirs(path: str | Path) -> dict[str, Path] | None:
-    """``{"high": dir, "low": dir}`` of a two-expert (Wan 2.2 A14B) folder in either layout, else None."""
-    p = Path(path)
-    for i in (0, 1):
-        high, low = p / EXPERT_DIRS["high"][i], p / EXPERT_DIRS["low"][i]
-        if high.is_dir() and low.is_dir():
-            return {"high": high, "low": low}
-    return None
-
-
-def transformer_dir(path: str | Path, expert: str | None = None) -> Path:
-    """The folder holding the transformer weights: ``path`` itself, a pipeline's ``transformer/``, or the
-    ``expert``'s folder of a two-expert folder (``ValueError`` when ``expert`` is needed and not given)."""
-    p = Path(path)
-    if p.is_file():
-        return p.parent
-    experts = expert_dirs(p)
-    if experts is not None:
-        if expert not in experts:
-            raise ValueError(f"{p} holds two Wan 2.2 experts ({experts['high'].name}/ and {experts['low'].name}/); "
-                             f"choose one with expert='high' or 'low' (a recipe: model.expert=high), got {expert!r}")
-        return experts[expert]
-    if (p / "transformer").is_dir():
-        return p / "transformer"
-    return p
-
-
-def weight_files(path: str | Path, expert: str | None = None) -> list[Path]:
-    """The safetensors files of a Wan folder (from the index when there is one)."""
-    if Path(path).is_file():
-        return [Path(path)]
-    return safetensors_files(transformer_dir(path, expert), "a Wan transformer folder (diffusers or original "
-                                                            "layout) or a Wan pipeline folder with transformer/")
-
-
-def detect_layout(keys) -> str:
-    """``'diffusers'`` or ``'original'`` from parameter names."""
-    keys = list(keys)
-    if any(k.startswith("condition_embedder.") or ".attn1." in k for k in keys):
-        return "diffusers"
-    if any(k.startswith("time_embedding.") or ".self_attn." in k for k in keys):
-        return "original"
-    raise ValueError("these weights are neither a diffusers WanTransformer3DModel nor an original Wan model "
-                     "(no condition_embedder.* / time_embedding.* keys)")
-
-
-def sources(keys: list[str]) -> dict[str, Source]:
-    """A Wan folder's keys (either layout) -> ``{our name: Source}``; a diffusers folder's ``norm_added_q`` (which
-    diffusers' own model ignores on load and the release does not have) is not loaded."""
-    if detect_layout(keys) == "original":
-        return {k: Source((k,)) for k in keys}
-    return {from_diffusers_name(k): Source((k,)) for k in keys if ".norm_added_q." not in k}
-
-
-def load_weights(model: nn.Module, path: str | Path, strict: bool = True, expert: str | None = None) -> int:
-    """Stream a Wan folder's weights into ``model``, one tensor at a time, and return the number of elements read:
-    plain, on the meta device or parallelised (each rank its shards), LoRA bases as base weights, FP8 bases
-    quantised as read (``nemo_vfm.models.common.published_weights.load_published``). ``expert``: which network of a
-    two-expert folder (default: the model config's ``expert``)."""
-    expert = expert or getattr(getattr(model, "cfg", None), "expert", None)
-    return load_published(model, weight_files(path, expert), sources, family="Wan", path=path, strict=strict,
-                          hint="flavor: layers, sizes; T2V vs I2V")
+ADAPTER = WeightsAdapter(
+    family="Wan", diffusers_class="WanTransformer3DModel", original_classes=("WanModel",),
+    original_config_keys=("dim", "num_heads", "in_dim"), to_diffusers=RENAMES, from_diffusers=INVERSE,
+    diffusers_keys=r"^condition_embedder\.|\.attn1\.", original_keys=r"^time_embedding\.|\.self_attn\.",
+    unloaded=r"\.norm_added_q\.",  # diffusers' model ignores it on load; the release does not have it
+    experts=EXPERT_DIRS, experts_what="two Wan 2.2 experts", folder_hint="a Wan transformer folder (diffusers or original layout) or a Wan pipeline "
+                                     "folder with transformer/",
+    config_hint="flavor: layers, sizes; T2V vs I2V")
+load_weights = ADAPTER.load_weights

@@ -1,8 +1,6 @@
-"""How a :class:`~nemo_vfm.models.moviegen.model.MovieGen` is parallelised: the plan as data.
-
-Order: tensor/sequence parallel -> context parallel -> activation checkpointing -> compile -> FSDP,
-with the DiT's token hooks and CP cores (``nemo_vfm.models.dit.parallelize``): the MovieGen block
-takes the same token/conditioning arguments. Under TP the query heads and the key/value heads are
+"""The MovieGen family, declared: :data:`SPEC`, applied by the generic
+:func:`nemo_vfm.parallel.parallelize.parallelize`: the MovieGen block takes the DiT's token/conditioning
+arguments. Under TP the query heads and the key/value heads are
 split alike, so ``num_kv_heads`` must be divisible by ``tp``. FSDP2 is the default for the large
 flavors (``recipes/moviegen.py``: 30B shards over every data-parallel rank).
 
@@ -10,30 +8,25 @@ Pipeline parallelism: :func:`build_pipeline_stages` gives this rank's stages (co
 ranges; the patch embedding and position tables on the first stage, the final layer on the last,
 the timestep conditioning duplicated on every stage) for ``nemo_vfm.parallel.pipeline.PipelineRunner``.
 
-Packed batches and token counts that do not divide cp*tp(sp) go through the DiT's token hooks
+Packed batches and token counts that do not divide cp*tp(sp) go through the token split
 (contiguous THD slices, segment ids for the CP cores, padding masked out and dropped).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 from torch import nn
 
-from nemo_vfm.models.dit.parallelize import KNOBS as DIT_KNOBS
-from nemo_vfm.models.dit.parallelize import (
-    _TokenParallel,
-    copy_stage,
-    parallelize_dit,
-    stage_layers,
-)
+from nemo_vfm.models.common.moe import MoE
+from nemo_vfm.models.dit.pipeline_stages import copy_stage, stage_layers
 from nemo_vfm.models.moviegen.flops import moviegen_forward_flops
 from nemo_vfm.models.moviegen.model import MovieGenConfig
-from nemo_vfm.models.spec import FamilySpec, TokenSplit
+from nemo_vfm.models.spec import DENSE_KNOBS, FamilySpec, TokenSplit
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.expert_parallel import check_moe
 from nemo_vfm.parallel.mesh import ParallelMesh
+from nemo_vfm.parallel.token_split import TokenParallel
 
 TP_PLAN: dict[str, str] = {
     "attn": "sp_input",
@@ -60,12 +53,8 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
     check_moe(cfg, dims)
 
 
-# TP/SP, CP, FP8, activation checkpointing, compile and FSDP as for the DiT, with MovieGen's checks and TP plan
 TP_OPTIONAL = frozenset(k for k in TP_PLAN if k.split(".")[0] == "cross_attn")  # no text: no cross-attention
 TOKEN_SPLIT = TokenSplit(rope=None)  # RoPE is applied inside the attention, from the grid
-parallelize_moviegen = functools.partial(parallelize_dit, check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
-                                         token_split=TOKEN_SPLIT, sp_input_arity=SP_INPUT_ARITY)
-parallelize = parallelize_moviegen  # the family-generic name
 
 
 # -- pipeline stages ---------------------------------------------------------------------------------
@@ -74,7 +63,7 @@ def _stage_forward(self, x, timesteps, context=None, context_mask=None, class_la
     from nemo_vfm.models.common.embeddings import unpatchify
 
     pp = self._pp
-    tok: _TokenParallel = pp["tok"]
+    tok: TokenParallel = pp["tok"]
     grid = tuple(n // p for n, p in zip(pp["grid"], self.cfg.patch_size))
     if pp["first"]:
         tokens = self.patch_embed(x)
@@ -97,12 +86,12 @@ def set_stage_grid(stage: nn.Module, latent_thw: tuple[int, int, int]) -> None:
 
 def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_kwargs):
     """This rank's stage modules and their indices (stage ``s`` of ``pp * v`` on rank ``s % pp``),
-    parallelised with :func:`parallelize_moviegen`; parameter names are the full model's."""
+    parallelised with :data:`SPEC`; parameter names are the full model's."""
     d = pmesh.dims
     check_layout(model.cfg, d)
     n = d.num_stages
     layers = stage_layers(len(model.blocks), n)
-    tok = _TokenParallel(pmesh)
+    tok = TokenParallel(pmesh)
     stages, ids = [], []
     for s in range(pmesh.rank("pp"), n, d.pp):
         drop = (() if s == 0 else ("patch_embed", "pos_t", "pos_h", "pos_w")) + (() if s == n - 1 else ("final_layer",))
@@ -110,13 +99,14 @@ def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_k
         stage._pp = {"first": s == 0, "last": s == n - 1, "layers": layers[s], "tok": tok, "grid": None}
         stage.forward = _stage_forward.__get__(stage)
         # micro-batches reuse the gathered weights: no resharding after forward
-        parallelize_moviegen(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "reshard_after_forward": False})
+        SPEC.parallelize(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "reshard_after_forward": False})
         stages.append(stage)
         ids.append(s)
     return stages, ids
 
 
-SPEC = FamilySpec(name="moviegen", config=MovieGenConfig, parallelize=parallelize_moviegen, check_layout=check_layout,
-                  knobs=DIT_KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,
+SPEC = FamilySpec(name="moviegen", config=MovieGenConfig, check_layout=check_layout, knobs=DENSE_KNOBS,
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
+                  self_attention_cores=SELF_ATTENTION_CORES, moe_modules=("mlp",), moe_type=MoE,
+                  tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,
                   set_stage_grid=set_stage_grid, flops=moviegen_forward_flops)

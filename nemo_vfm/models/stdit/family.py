@@ -1,7 +1,5 @@
-"""How an :class:`~nemo_vfm.models.stdit.model.STDiT` is parallelised: the plan as data, applied from outside.
-
-Order: tensor/sequence parallel -> context parallel -> activation checkpointing -> compile -> FSDP,
-as for the DiT (``nemo_vfm.models.dit.parallelize``, whose token hooks this reuses).
+"""The ST-DiT family, declared: :data:`SPEC`, applied by the generic :func:`nemo_vfm.parallel.parallelize.
+parallelize` (the DiT's token split: ST-DiT blocks take the same arguments).
 
 Context parallel (the hybrid scheme): tokens are split over CP ranks in whole frames (layout
 ``[t/cp, h*w]``); spatial attention runs locally, temporal attention switches to ``[t, h*w/cp]``
@@ -10,27 +8,18 @@ by all-to-all and runs locally, full attention (if any) runs on the ring
 
 Not here: pipeline parallelism and packed batches under CP (both raise ``NotImplementedError``: the
 frame-wise CP split and its all-to-all layout switch assume one grid, packed segments have many).
-Packed batches under SP go through the DiT's token hooks.
+Packed batches under SP go through the token split.
 """
 
 from __future__ import annotations
 
-from torch import nn
-
-from nemo_vfm.models.dit.parallelize import KNOBS as DIT_KNOBS
-from nemo_vfm.models.dit.parallelize import TOKEN_SPLIT, _install_token_hooks, _TokenParallel
-from nemo_vfm.models.spec import FamilySpec
+from nemo_vfm.models.spec import DENSE_KNOBS, FamilySpec, TokenSplit
 from nemo_vfm.models.stdit.flops import stdit_forward_flops
 from nemo_vfm.models.stdit.model import STDiTConfig
-from nemo_vfm.parallel import context_parallel as cpl
-from nemo_vfm.parallel.activation_checkpoint import apply_activation_checkpointing
-from nemo_vfm.parallel.compile import compile_blocks
 from nemo_vfm.parallel.dims import ParallelDims
-from nemo_vfm.parallel.float8 import apply_float8, check_float8
-from nemo_vfm.parallel.fsdp import apply_fsdp
 from nemo_vfm.parallel.hybrid_cp import MODES, replace_factorized_cores
 from nemo_vfm.parallel.mesh import ParallelMesh
-from nemo_vfm.parallel.tensor_parallel import apply_tensor_parallel
+from nemo_vfm.parallel.parallelize import replace_cores
 
 _ATTN = ("spatial_attn", "temporal_attn", "attn", "cross_attn")
 TP_PLAN: dict[str, str] = {
@@ -49,6 +38,7 @@ FACTORIZED_CORES = ("spatial_attn.core", "temporal_attn.core")  # -> hybrid all-
 FULL_ATTENTION_CORE = "attn.core"  # -> ring (or a2a, following ParallelDims.cp_kind)
 TP_PARTIAL = ("blocks.*.q_norm.weight", "blocks.*.k_norm.weight")
 PP_DUPLICATED = ("t_embedder.*", "fps_embedder.*", "y_embedder.*", "shared_adaln.*")
+TOKEN_SPLIT = TokenSplit(per_token_cond=("c", "shared_adaln"))  # the block arguments CP / SP rewrite (as the DiT's)
 
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None,
@@ -79,60 +69,21 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens)
 
 
-def parallelize_stdit(
-    model: nn.Module,
-    pmesh: ParallelMesh,
-    *,
-    factorized_cp: str = "hybrid",
-    factorized_cp_chunks: int = 1,
-    activation_checkpointing: str = "none",
-    ac_every: int = 2,
-    compile: bool = False,
-    param_dtype: str | None = "bf16",
-    reduce_dtype: str | None = "fp32",
-    attention_backend: str = "auto",
-    reshard_after_forward: bool = True,
-    float8: str | None = None,
-    float8_modules: str = "mlp",
-    cpu_offload: bool = False,
-) -> nn.Module:
-    """Apply TP/SP, (hybrid) CP, FP8 linears (``nemo_vfm.parallel.float8``), activation checkpointing, compile
-    and FSDP to ``model`` in place; return it."""
-    d = pmesh.dims
-    check_layout(model.cfg, d, factorized_cp=factorized_cp, factorized_cp_chunks=factorized_cp_chunks)
-    check_float8(float8, float8_modules, d.tp)
-    blocks = model.blocks
-    if d.tp > 1:
-        apply_tensor_parallel(blocks, pmesh.get("tp"), TP_PLAN, sequence_parallel=d.sequence_parallel,
-                              sp_input_arity=SP_INPUT_ARITY, optional=TP_OPTIONAL)
-    if d.cp > 1:
-        group = pmesh.group("cp")
-        replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend,
-                                 chunks=factorized_cp_chunks)
-        parent_path, _, attr = FULL_ATTENTION_CORE.rpartition(".")
-        for block in blocks:
-            if getattr(block, "has_full", False):
-                parent = block.get_submodule(parent_path)
-                setattr(parent, attr, cpl.ContextParallelCore(group, d.cp_kind, backend=attention_backend,
-                                                              inner=getattr(parent, attr)))
-    if d.cp > 1 or d.sequence_parallel:
-        _install_token_hooks(model, _TokenParallel(pmesh, plan=TOKEN_SPLIT))  # ST-DiT blocks take the DiT's
-    if float8:
-        apply_float8(blocks, float8, float8_modules)
-    apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
-    if compile:
-        compile_blocks(blocks)
-    if d.fsdp or cpu_offload:  # cpu_offload: FSDP2's CPUOffloadPolicy, also in one process
-        apply_fsdp(model, list(blocks), pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                   reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
-    return model
+def install_cp(blocks, pmesh: ParallelMesh, attention_backend: str, factorized_cp: str = "hybrid",
+               factorized_cp_chunks: int = 1) -> None:
+    """Context parallel for ST-DiT blocks: the factorized (spatial / temporal) cores by the hybrid all-to-all scheme
+    or the ring (``factorized_cp``), the full-attention core of the blocks that have one by the ring / all-to-all
+    core (``ParallelDims.cp_kind``)."""
+    group = pmesh.group("cp")
+    replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend,
+                             chunks=factorized_cp_chunks)
+    replace_cores([b for b in blocks if getattr(b, "has_full", False)], pmesh, attention_backend,
+                  (FULL_ATTENTION_CORE,))
 
 
-parallelize = parallelize_stdit  # the family-generic name
-
-
-SPEC = FamilySpec(name="stdit", config=STDiTConfig, parallelize=parallelize_stdit, check_layout=check_layout,
-                  knobs=(DIT_KNOBS - {"fuse_qkv"}) | {"factorized_cp", "factorized_cp_chunks"},
+SPEC = FamilySpec(name="stdit", config=STDiTConfig, check_layout=check_layout,
+                  knobs=(DENSE_KNOBS - {"fuse_qkv"}) | {"factorized_cp", "factorized_cp_chunks"},
                   layout_knobs=frozenset({"factorized_cp", "factorized_cp_chunks"}),
-                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED, flops=stdit_forward_flops)
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
+                  pad_tokens=False, install_cp=install_cp, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
+                  flops=stdit_forward_flops)

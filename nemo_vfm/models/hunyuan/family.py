@@ -1,6 +1,7 @@
-"""How a :class:`~nemo_vfm.models.hunyuan.model.HunyuanVideoModel` is parallelised: the plan as data.
+"""The HunyuanVideo 1.5 family, declared: :data:`SPEC`, applied by the generic
+:func:`nemo_vfm.parallel.parallelize.parallelize`.
 
-Tensor parallel (the DiT machinery, ``nemo_vfm.models.dit.parallelize``): in every double block the two streams'
+Tensor parallel: in every double block the two streams'
 q, k, v and the first MLP linear are column-parallel, the attention projections and the second MLP linear
 row-parallel, so each TP rank runs the joint attention on its heads. The per-head QK RMSNorm weights are shared by
 the local heads, so their gradients are summed over TP (``TP_PARTIAL``). The token refiner, the embedders and the
@@ -21,15 +22,13 @@ neither splits that sequence), and pipeline parallelism.
 
 from __future__ import annotations
 
-from torch import nn
-
-from nemo_vfm.models.dit.parallelize import parallelize_dit
+from nemo_vfm.models.hunyuan.convert import save_weights
 from nemo_vfm.models.hunyuan.flops import hunyuan_forward_flops
 from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
-from nemo_vfm.models.spec import FamilySpec, TokenSplit
+from nemo_vfm.models.hunyuan.weights import ADAPTER
+from nemo_vfm.models.spec import COMMON_KNOBS, FamilySpec, TokenSplit
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.joint_context_parallel import JointContextParallelCore
-from nemo_vfm.parallel.mesh import ParallelMesh
 
 TP_PLAN: dict[str, str] = {
     f"{s}_{name}": style
@@ -42,8 +41,7 @@ TP_PARTIAL = ("double_blocks.*attn_[qk]_norm.weight",)
 PP_DUPLICATED: tuple[str, ...] = ()
 # The block arguments the CP token split rewrites: the video tokens and their RoPE (the text stays whole)
 TOKEN_SPLIT = TokenSplit(tokens=("x_BSD",), per_token_cond=(), rope="rope", masks=(), seg_ids=None)
-KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "param_dtype", "reduce_dtype",
-                   "attention_backend", "reshard_after_forward", "cpu_offload"})
+KNOBS = COMMON_KNOBS  # no fused q/k/v, no FP8 linears
 
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None) -> None:
@@ -62,24 +60,8 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=None, pad_tokens=True)
 
 
-def parallelize_hunyuan(model: nn.Module, pmesh: ParallelMesh, *, activation_checkpointing: str = "none",
-                        ac_every: int = 2, compile: bool = False, param_dtype: str | None = "bf16",
-                        reduce_dtype: str | None = "fp32", attention_backend: str = "auto",
-                        reshard_after_forward: bool = True, cpu_offload: bool = False) -> nn.Module:
-    """Apply TP, all-to-all CP, activation checkpointing, compile and FSDP to ``model`` in place; return it."""
-    check_layout(model.cfg, pmesh.dims)
-    return parallelize_dit(model, pmesh, activation_checkpointing=activation_checkpointing, ac_every=ac_every,
-                           compile=compile, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                           attention_backend=attention_backend, reshard_after_forward=reshard_after_forward,
-                           cpu_offload=cpu_offload, check=check_layout, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
-                           token_split=TOKEN_SPLIT, sp_input_arity={}, self_attention_cores=("core",),
-                           cp_core=JointContextParallelCore)
-
-
-parallelize = parallelize_hunyuan  # the family-generic name
-
-
-SPEC = FamilySpec(name="hunyuanvideo", config=HunyuanVideoConfig, parallelize=parallelize_hunyuan,
-                  check_layout=check_layout, knobs=KNOBS, tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL,
-                  token_split=TOKEN_SPLIT, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
-                  flops=hunyuan_forward_flops)
+SPEC = FamilySpec(name="hunyuanvideo", config=HunyuanVideoConfig, check_layout=check_layout, knobs=KNOBS,
+                  tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity={}, token_split=TOKEN_SPLIT,
+                  self_attention_cores=("core",), cp_core=JointContextParallelCore, tp_partial=TP_PARTIAL,
+                  pp_duplicated=PP_DUPLICATED, flops=hunyuan_forward_flops,
+                  weights=ADAPTER, save_weights=save_weights)

@@ -1,6 +1,7 @@
-"""Token parallelism for the DiT-layout blocks (DiT, ST-DiT, MovieGen, Wan): forward hooks that split the
-token stream over context-parallel (CP) ranks, and over tensor-parallel ranks under sequence parallelism (SP),
-and gather it after the final layer. Applied by ``parallelize.py``; the pipeline stages use the same splitter.
+"""Token parallelism: forward hooks that split the token stream over context-parallel (CP) ranks, and over
+tensor-parallel ranks under sequence parallelism (SP), and gather it after the final layer; which block arguments
+they rewrite is a family's :class:`TokenSplit` (data). Applied by :func:`nemo_vfm.parallel.parallelize.parallelize`;
+the pipeline stages use the same splitter.
 
 Token flow under CP (c = cp rank) and SP (t = tp rank), S = t*h*w video tokens::
 
@@ -25,13 +26,28 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nemo_vfm.models.common.packed import PackedAttention
-from nemo_vfm.models.spec import TokenSplit
 from nemo_vfm.parallel import context_parallel as cpl
 from nemo_vfm.parallel.mesh import ParallelMesh
+from nemo_vfm.parallel.packed_attention import PackedAttention
 
-# the DiT's plan, the default (other families pass their own)
-TOKEN_SPLIT = TokenSplit(per_token_cond=("c", "shared_adaln"))  # the block arguments CP / SP rewrite
+
+@dataclass(frozen=True, kw_only=True)
+class TokenSplit:
+    """Which block arguments the sequence/context split rewrites (diffusers' ``_cp_plan``, as data): ``tokens``
+    are split once before block 0 and gathered after the head; ``per_token_cond`` are split when per-token
+    ``(B, S, D)`` and kept when ``(B, D)``; ``rope`` is sliced to this rank's tokens; ``masks`` (``attn_mask``,
+    ``context_mask``) are replaced by this rank's view; ``seg_ids`` (packed batches) by this rank's segments.
+    Every name must be an argument of the family's block ``forward``, or installing the split raises."""
+
+    tokens: tuple[str, ...] = ("x_BSD",)
+    per_token_cond: tuple[str, ...] = ("c",)
+    rope: str | None = "rope"
+    masks: tuple[str, ...] = ("attn_mask", "context_mask")
+    seg_ids: str | None = "seg_ids"
+
+    def names(self) -> list[str]:
+        return [*self.tokens, *self.per_token_cond, *self.masks, *(n for n in (self.rope, self.seg_ids) if n)]
+
 
 KEEP = object()  # a block argument that passes through unchanged
 
@@ -58,7 +74,7 @@ class _ForwardViews:
     seg_local: torch.Tensor | None = None
 
 
-class _TokenParallel:
+class TokenParallel:
     """Splits/gathers the token stream over CP (and TP under SP) via forward hooks.
 
     Unpacked: a sequence that does not divide cp*tp(sp) is padded (``pad=True``) with tokens that real
@@ -68,7 +84,7 @@ class _TokenParallel:
     a cross-attention mask of its queries against the whole text.
     """
 
-    def __init__(self, pmesh: ParallelMesh, pad: bool = False, plan: TokenSplit = TOKEN_SPLIT):
+    def __init__(self, pmesh: ParallelMesh, pad: bool = False, plan: TokenSplit = TokenSplit()):
         self.plan = plan
         d = pmesh.dims
         self.cp, self.split_size, self.pad = d.cp, d.token_split, pad
@@ -193,7 +209,7 @@ class _TokenParallel:
         return bound.args, bound.kwargs
 
 
-def _install_token_hooks(model: nn.Module, tok: _TokenParallel) -> None:
+def install_token_hooks(model: nn.Module, tok: TokenParallel) -> None:
     blocks = list(model.blocks)
     sig = inspect.signature(blocks[0].forward)
     missing = [n for n in tok.plan.names() if n not in sig.parameters]
