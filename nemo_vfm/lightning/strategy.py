@@ -234,7 +234,7 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
             from nemo_vfm.parallel.grad_reduce import GradReducer
 
             self.grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"),
-                                             self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype])
+                                            self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype])
 
     def streams_weights(self, model_config) -> bool:
         """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed
