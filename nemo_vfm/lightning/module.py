@@ -163,10 +163,6 @@ class DiffusionModule(L.LightningModule):
     def num_classes(self) -> int | None:
         return getattr(self.model_config, "num_classes", 0) or None
 
-    @property
-    def _pipelined(self) -> bool:
-        return self._trainer is not None and getattr(self.trainer.strategy, "pipeline", None) is not None
-
     def setup(self, stage: str) -> None:
         """Training runs through :func:`~nemo_vfm.lightning.train_step.train_step` (Lightning's manual optimization).
         The switch comes here, after Lightning's configuration checks: they refuse ``Trainer(accumulate_grad_batches=,
