@@ -6,10 +6,12 @@ Batches are dicts: ``latents (B, C, T, H, W)`` plus conditioning (``context (B, 
 comes from a generator seeded by ``(seed, global_step, data-parallel rank)``, so a resumed run draws
 exactly what the uninterrupted run would have drawn, and ranks that share samples (TP/CP/PP) draw alike.
 
-Under pipeline parallelism (a strategy with ``pipeline_parallel``; ``model`` and ``ema`` are then this
-rank's stages) the step draws the objective's network input, and the strategy's ``pipeline_step`` runs
-forward and backward through the stages with the objective's per-micro-batch loss; the loss and logs
-come from the last stage. Lightning's loop stays automatic (see ``optimizer_zero_grad``).
+One optimizer step is :func:`nemo_vfm.lightning.train_step.train_step` (``training_step`` calls it once per
+batch: Lightning's manual optimization, see :meth:`DiffusionModule.setup`); this module supplies its parts: the
+loss of one micro-batch (:meth:`~DiffusionModule.forward_loss`), the pipeline schedule's forward and backward
+(:meth:`~DiffusionModule.pipeline_forward_backward`: ``model`` and ``ema`` are then this rank's stages, the loss
+and logs come from the last stage), the per-micro-batch log (:meth:`~DiffusionModule.log_micro_batch`) and the
+EMA update.
 """
 
 import copy
@@ -61,7 +63,7 @@ def build_optimizer(cfg: OptimConfig, groups: list[dict], fused: bool = False) -
     ``grad_scale`` and skips a bad update through ``found_inf``), or torchao's AdamW8bit: both moments as 8-bit codes
     with one fp32 scale per 256 values (tensors of >= 4096 values that 256 divides; smaller ones keep fp32 state),
     updated in fp32 by one compiled kernel per parameter. It has no fused form, so
-    :func:`~nemo_vfm.lightning.optimizer_step.prepare_update` clips by scaling the gradients (by the mesh-wide
+    :func:`~nemo_vfm.lightning.train_step.train_step` clips by scaling the gradients (by the mesh-wide
     norm) and drops a bad update by clearing them; DTensor (FSDP2/TP) parameters get DTensor state."""
     if cfg.name == "adamw":  # torch's AdamW on DTensors' local shards (nemo_vfm.parallel.shard_local_optim)
         from nemo_vfm.parallel.shard_local_optim import ShardLocalAdamW
@@ -107,8 +109,9 @@ class DiffusionModule(L.LightningModule):
         self.ema: torch.nn.Module | None = None
         self.step_metrics: dict = {}  # the last step's loss and logs (device tensors): see _log_step
         self._has_moe: bool | None = None  # whether the network has MoE layers (found at the first step)
-        self._loss_bad: torch.Tensor | None = None  # a NaN/Inf loss among this step's micro-batches (device)
-        self.last_update_bad: torch.Tensor | None = None  # whether the last update was dropped (optimizer_step.py)
+        self.step_loss_bad: torch.Tensor | None = None  # a NaN/Inf loss among this step's micro-batches (device)
+        self.last_update_bad: torch.Tensor | None = None  # whether the last update was dropped (train_step.py)
+        self.last_loss: torch.Tensor | None = None  # the loss the last step's backward started from (train_step.py)
         # For vfm generate: everything needed to rebuild the network, saved in every checkpoint.
         self.save_hyperparameters({"model_config": model_config, "objective": objective, "ema_decay": ema_decay,
                                    "lora": lora})
@@ -151,43 +154,80 @@ class DiffusionModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         from nemo_vfm.lightning.lora_checkpoint import fill_omitted
+        from nemo_vfm.lightning.resume import count_steps_as_manual
 
         fill_omitted(checkpoint, self)
+        count_steps_as_manual(checkpoint)  # written before train_step: its steps counted by automatic optimization
 
     @property
     def num_classes(self) -> int | None:
         return getattr(self.model_config, "num_classes", 0) or None
 
-    @property
-    def _pipelined(self) -> bool:
-        return self._trainer is not None and getattr(self.trainer.strategy, "pipeline", None) is not None
+    def setup(self, stage: str) -> None:
+        """Training runs through :func:`~nemo_vfm.lightning.train_step.train_step` (Lightning's manual optimization).
+        The switch comes here, after Lightning's configuration checks: they refuse ``Trainer(accumulate_grad_batches=,
+        gradient_clip_val=)`` under manual optimization because Lightning would no longer apply them, and
+        ``train_step`` applies both itself (so the Trainer's loop still counts micro-batches as before). It stays off
+        after the fit (``trainer.global_step`` counts manual steps), so a module is fitted once, as ``train()`` does."""
+        self.automatic_optimization = False
 
-    def training_step(self, batch: dict, batch_idx: int):
-        if hasattr(batch, "cu_seqlens"):  # packed THD batch (nemo_vfm.data.batch.PackedBatch)
-            if self._pipelined:
-                raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism; "
-                                          "set data.max_seq_length=None or pipeline_model_parallel_size=1.")
-            return self._packed_step(batch, batch_idx)
-        x0 = batch["latents"]
-        # TP/CP/PP peers work on the same samples: they must draw the same noise (seed by data-parallel rank)
+    def training_step(self, batch, batch_idx: int):
+        from nemo_vfm.lightning.train_step import train_step
+
+        return train_step(self, batch, batch_idx)
+
+    def step_generator(self, device, micro_batch: int) -> torch.Generator:
+        """This micro-batch's randomness: TP/CP/PP peers work on the same samples, so they draw the same noise
+        (seeded by the data-parallel rank)."""
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)
-        micro = self._micro_batch(batch_idx)
-        g = step_generator(self.seed, self.global_step, dp_rank, x0.device, micro)
-        cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
-        cond = drop_condition(cond, self.cond_dropout, g, self.num_classes)
-        if self._pipelined:
-            loss, logs = self._pipeline_loss(x0, cond, batch.get("loss_mask"), g)
-        else:
-            loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
-            loss = self._add_moe_loss(loss, logs)
-        self._log_step(loss, logs, x0.shape[0], micro)
-        self._log_router_stats(x0.shape[0])
-        return loss
+        return step_generator(self.seed, self.global_step, dp_rank, device, micro_batch)
 
-    def _log_step(self, loss: torch.Tensor, logs: dict, batch_size: int, micro_batch: int = 0) -> None:
+    def forward_loss(self, batch, micro_batch: int) -> tuple[torch.Tensor, dict, int]:
+        """The loss of one micro-batch (the objective's, plus the MoE load-balancing term), its logs and its batch
+        size; dict batches or packed THD batches (``nemo_vfm.data.batch.PackedBatch``)."""
+        if hasattr(batch, "cu_seqlens"):
+            from nemo_vfm.diffusion.packed import packed_training_loss
+
+            g = self.step_generator(batch.tokens.device, micro_batch)
+            loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
+            return self._add_moe_loss(loss, logs), logs, batch.num_segments
+        x0 = batch["latents"]
+        g = self.step_generator(x0.device, micro_batch)
+        cond = drop_condition({k: batch[k] for k in COND_KEYS if batch.get(k) is not None}, self.cond_dropout, g,
+                              self.num_classes)
+        loss, logs = self.objective.training_loss(self.model, x0, cond, batch.get("loss_mask"), g)
+        return self._add_moe_loss(loss, logs), logs, x0.shape[0]
+
+    def pipeline_forward_backward(self, batch, micro_batch: int) -> tuple[torch.Tensor, dict, int]:
+        """Forward and backward of one batch through this rank's pipeline stages (the strategy's schedule), leaving
+        the gradients in the stages; the loss (sum of the micro-batch shares) and the objective's logs, broadcast
+        from the last stage so that every rank logs the same values, and the batch size."""
+        if hasattr(batch, "cu_seqlens"):
+            raise NotImplementedError("packed (THD) batches are not supported with pipeline parallelism; "
+                                      "set data.max_seq_length=None or pipeline_model_parallel_size=1.")
+        strategy, x0, loss_mask = self.trainer.strategy, batch["latents"], batch.get("loss_mask")
+        g = self.step_generator(x0.device, micro_batch)
+        cond = drop_condition({k: batch[k] for k in COND_KEYS if batch.get(k) is not None}, self.cond_dropout, g,
+                              self.num_classes)
+        inp = self.objective.training_input(x0, g)
+
+        def loss_fn(out_mb, index_mb):
+            return self.objective.micro_batch_loss(out_mb, inp, loss_mask, index_mb)
+
+        loss, out = strategy.pipeline_step(inp.x, x0.shape[-3:], loss_fn, timesteps=inp.timesteps, **cond)
+        names = self.objective.LOG_NAMES
+        values = None
+        if out is not None:  # the last stage: logs of the merged output
+            with torch.no_grad():
+                logs = self.objective.loss_from_output(out, inp, loss_mask)[1]
+            values = torch.stack([loss.float(), *(logs[k].float() for k in names)])
+        values = strategy.pipeline.broadcast_loss(values, x0.device, shape=(1 + len(names),))
+        return values[0], dict(zip(names, values[1:])), x0.shape[0]
+
+    def log_micro_batch(self, loss: torch.Tensor, logs: dict, batch_size: int, micro_batch: int = 0) -> None:
         """Log the step's scalars (Lightning reads them at log steps) and keep them, still on the device, in
         ``step_metrics`` for per-step history without a host sync (``MetricsHistory``): with accumulated
-        micro-batches, the mean over the step's micro-batches so far."""
+        micro-batches, the mean over the step's micro-batches so far. MoE router statistics at log steps."""
         lr = self.optimizers().param_groups[0]["lr"]
         if torch.is_tensor(lr):  # AdamW8bit keeps the rate in a tensor the scheduler fills in place: keep this value
             lr = lr.detach().clone()
@@ -203,8 +243,7 @@ class DiffusionModule(L.LightningModule):
             prev = self.step_metrics
             metrics = {k: (prev[k] * micro_batch + v) / (micro_batch + 1) if k in prev else v for k, v in metrics.items()}
         self.step_metrics = {**metrics, "lr": lr}
-        bad = ~torch.isfinite(loss.detach())
-        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+        self._log_router_stats(batch_size)
 
     def _log_step_now(self) -> bool:
         """Whether this step is one Lightning writes logs at (every ``log_every_n_steps``)."""
@@ -239,73 +278,8 @@ class DiffusionModule(L.LightningModule):
         if stats:
             self.log_dict(stats, batch_size=batch_size)
 
-    def _pipeline_loss(self, x0, cond: dict, loss_mask, g) -> tuple[torch.Tensor, dict]:
-        """Forward and backward through this rank's stages; the loss (sum of the micro-batch shares) and
-        the objective's logs, broadcast from the last stage so that every rank logs the same values."""
-        strategy = self.trainer.strategy
-        inp = self.objective.training_input(x0, g)
-        self.optimizers().optimizer.zero_grad()  # before the schedule's backward; Lightning's comes later
-
-        def loss_fn(out_mb, index_mb):
-            return self.objective.micro_batch_loss(out_mb, inp, loss_mask, index_mb)
-
-        loss, out = strategy.pipeline_step(inp.x, x0.shape[-3:], loss_fn, timesteps=inp.timesteps, **cond)
-        names = self.objective.LOG_NAMES
-        values = None
-        if out is not None:  # the last stage: logs of the merged output
-            with torch.no_grad():
-                logs = self.objective.loss_from_output(out, inp, loss_mask)[1]
-            values = torch.stack([loss.float(), *(logs[k].float() for k in names)])
-        values = strategy.pipeline.broadcast_loss(values, x0.device, shape=(1 + len(names),))
-        return values[0], dict(zip(names, values[1:]))
-
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
-        """Lightning zeroes gradients between ``training_step`` and ``backward``; under pipeline parallelism
-        the backward has already run inside ``training_step`` (which zeroed them first), so keep them."""
-        if not self._pipelined:
-            optimizer.zero_grad()
-
-    def _micro_batch(self, batch_idx: int) -> int:
-        """Index of this batch among its step's accumulated micro-batches (0 without accumulation)."""
-        return batch_idx % max(1, self.trainer.accumulate_grad_batches)
-
-    def _packed_step(self, batch, batch_idx: int = 0):
-        from nemo_vfm.diffusion.packed import packed_training_loss
-
-        dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)  # CP/TP peers: same noise
-        micro = self._micro_batch(batch_idx)
-        g = step_generator(self.seed, self.global_step, dp_rank, batch.tokens.device, micro)
-        loss, logs = packed_training_loss(self.objective, self.model, batch, g, self.cond_dropout)
-        loss = self._add_moe_loss(loss, logs)
-        self._log_step(loss, logs, batch.num_segments, micro)
-        self._log_router_stats(batch.num_segments)
-        return loss
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's last hook before the optimizer step (called with or without clipping): the gradient norm,
-        the non-finite decision and the clipping, in one place (:func:`nemo_vfm.lightning.optimizer_step.
-        prepare_update`); the decision is kept in ``last_update_bad`` for ``NonFiniteGuard`` to count."""
-        from nemo_vfm.lightning.optimizer_step import prepare_update
-        from nemo_vfm.parallel.pipeline import StageList
-
-        strategy = self.trainer.strategy
-        spec = getattr(strategy, "spec", None)
-        self.last_update_bad = prepare_update(
-            optimizer, list(self.model) if isinstance(self.model, StageList) else [self.model],
-            mesh=getattr(strategy, "parallel_mesh", None), pp_duplicated=spec.pp_duplicated if spec else (),
-            clip_val=gradient_clip_val, clip_algorithm=gradient_clip_algorithm, loss_bad=self._loss_bad,
-            scaler=getattr(self.trainer.precision_plugin, "scaler", None))
-        self._loss_bad = None
-
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        """The optimizer step, then the EMA update: both before the callbacks' ``on_train_batch_end`` (where
-        checkpoints are written), so that a checkpoint holds the EMA of its step and a resumed run's EMA
-        follows the uninterrupted one's."""
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self._update_ema(self.global_step + 1)  # global_step counts this step once the hook returns
-
     @torch.no_grad()
-    def _update_ema(self, step: int) -> None:
+    def update_ema(self, step: int) -> None:
         """Move the EMA weights towards the model after optimizer step number ``step`` (1-based)."""
         if self.ema is None:
             return
@@ -338,7 +312,7 @@ class DiffusionModule(L.LightningModule):
         opt = build_optimizer(self.optim, groups, fused)
         max_steps = self.trainer.max_steps if self.trainer.max_steps > 0 else 10**9
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.optim, max_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}  # stepped by train_step
 
     def sampling_model(self) -> torch.nn.Module:
         """The EMA network when there is one, else the trained network."""

@@ -10,7 +10,7 @@ checkpoint a stop message names is the newest whose weights are finite: those th
 resumed from are known, older ones are read; newer ones holding NaN/Inf are moved aside (``*.nonfinite``,
 rank 0) so that the same command resumes from the one named.
 
-The decision is made once per optimizer step by :func:`nemo_vfm.lightning.optimizer_step.prepare_update` (the
+The decision is made once per optimizer step by :func:`nemo_vfm.lightning.train_step.train_step` (the
 gradient norm, mesh-wide under ``VFMParallelStrategy``, is the check, together with the step's losses) and this
 callback counts it: no pass of its own over the gradients, a few scalar kernels, and under several processes one
 scalar all-reduce; no host synchronisation where the optimizer takes a device-side skip flag (fused AdamW, the
@@ -149,15 +149,14 @@ class NonFiniteGuard(StepEndCallback):
             self._finite_steps.add(checkpoint_step(trainer.ckpt_path))
 
     # -- per step (device only) ---------------------------------------------------------------------------
-    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        self._loss = loss.detach()  # for "the last finite loss" of a stop message
-
     def _count_update(self, trainer, pl_module) -> None:
-        """Count the decision of the optimizer step that just ran (``DiffusionModule.last_update_bad``, made by
-        :func:`nemo_vfm.lightning.optimizer_step.prepare_update`); nothing on micro-batches that only accumulate."""
+        """Count the decision of the optimizer step that just ran (``DiffusionModule.last_update_bad``, and its loss
+        for "the last finite loss" of a stop message: ``last_loss``, both set by
+        :func:`nemo_vfm.lightning.train_step.train_step`); nothing on micro-batches that only accumulate."""
         bad = getattr(pl_module, "last_update_bad", None)
         if bad is not None:
             pl_module.last_update_bad = None
+            self._loss = getattr(pl_module, "last_loss", None)
             self._count(bad, trainer.global_step, bad.device)
 
     def _count(self, bad: torch.Tensor, step: int, device) -> None:

@@ -1,8 +1,9 @@
 """Pipeline parallelism for :class:`~nemo_vfm.lightning.strategy.VFMParallelStrategy` (a mixin): what pipeline
 stages cannot run (refused before the model is built), building this rank's stages, one batch's forward and
 backward through them, and their checkpoints (weights and optimizer state flattened per parameter name under the
-whole network's names, so that a PP checkpoint resumes under any pipeline layout). See the strategy's module
-docstring for how Lightning's loop stays automatic.
+whole network's names, so that a PP checkpoint resumes under any pipeline layout). The training step
+(:func:`nemo_vfm.lightning.train_step.train_step`) calls :meth:`PipelineStages.pipeline_step` in its pipeline
+branch.
 """
 
 import math
@@ -100,18 +101,6 @@ class PipelineStages:
         for stage in runner.stages:
             self.spec.set_stage_grid(stage, tuple(latent_thw))
         return runner.step(x, loss_fn, **cond)
-
-    def _pipeline_backward(self, closure_loss):
-        """The schedule already ran backward inside ``training_step``: call Lightning's backward hooks,
-        then sum the duplicated conditioning over stages and finish TP/DP gradients."""
-        from nemo_vfm.parallel.grads import sync_grads
-
-        closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
-        closure_loss = self.precision_plugin.post_backward(closure_loss, self.lightning_module)
-        self.pipeline.sync_duplicated_grads()
-        for stage in self.pipeline.stages:
-            sync_grads(stage, self.parallel_mesh, tp_partial=self.spec.tp_partial)
-        return closure_loss
 
     def lightning_module_state_dict(self) -> dict:
         if not self.pipeline_parallel:

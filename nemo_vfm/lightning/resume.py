@@ -105,3 +105,15 @@ def set_optimizer_state(module, optimizer, osd: dict, options: StateDictOptions 
     for group, settings in zip(optimizer.param_groups, before):
         for k, v in settings.items():
             group.setdefault(k, v)
+
+
+def count_steps_as_manual(checkpoint: dict) -> None:
+    """A checkpoint written before the training step moved to Lightning's manual optimization counts its optimizer
+    steps under ``automatic_optimization``; copy that count to where manual optimization reads ``global_step``
+    (``train_step``), so such a checkpoint resumes at its step. A no-op for newer checkpoints."""
+    loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    auto = loop.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+    manual = loop.get("epoch_loop.manual_optimization.optim_step_progress")
+    if auto is None or manual is None or manual["total"]["completed"] or not auto["total"]["completed"]:
+        return
+    loop["epoch_loop.manual_optimization.optim_step_progress"] = {k: dict(v) for k, v in auto.items()}

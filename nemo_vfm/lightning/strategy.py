@@ -14,8 +14,10 @@ on meta, :meth:`builds_meta`), laid out on meta, and each tensor sent from rank 
 shard; never whole on a GPU). A config naming pretrained weights (``WanConfig.pretrained``) is built on meta (:meth:`streams_weights`):
 the plan is applied, ``to_empty`` allocates each rank's shards, and ``init_weights()`` reads only those slices from
 the safetensors shards; LoRA adapters are seeded by path (as in one process). The EMA copy is built on meta in
-both cases and takes the model's shards once laid out (:attr:`fills_ema`). After backward the strategy completes the
-gradients FSDP/DTensor leave partial (``grads.sync_grads``); clipping uses the whole mesh's norm. Checkpoints: DCP.
+both cases and takes the model's shards once laid out (:attr:`fills_ema`). The training step
+(:func:`nemo_vfm.lightning.train_step.train_step`) completes the gradients FSDP/DTensor leave partial
+(``grads.sync_grads``, with :attr:`grad_reducer` for plain data parallel) and clips with the whole mesh's norm.
+Checkpoints: DCP.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
 ``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
@@ -31,10 +33,9 @@ Pipeline parallelism (``pipeline_model_parallel_size > 1``, schedules ``1f1b``, 
 ``gpipe``; with TP/SP, CP, FSDP or DP where the family plan has pipeline stages: DiT, MovieGen):
 :meth:`setup` replaces the module's ``model`` and ``ema`` by this rank's stages
 (:class:`~nemo_vfm.parallel.pipeline.StageList`), cut from the network initialised as in one process,
-and the module's ``training_step`` runs forward and backward through :meth:`pipeline_step` (a
-``torch.distributed.pipelining`` schedule). Lightning's loop stays automatic: the strategy's
-``backward`` only finishes the gradients (duplicated conditioning summed over stages), and clipping,
-the optimizer and LR scheduler steps, ``global_step`` and checkpoints behave as without PP. Each rank
+and the training step runs forward and backward through :meth:`pipeline_step` (a
+``torch.distributed.pipelining`` schedule), then finishes the gradients (duplicated conditioning summed over
+stages); clipping, the optimizer and LR scheduler steps, ``global_step`` and checkpoints behave as without PP. Each rank
 saves its stages' weights and optimizer state (flattened per parameter name) under the whole
 network's names, so a PP checkpoint resumes under any pipeline layout and its weights load anywhere.
 Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_batches > 1``, and
@@ -42,7 +43,7 @@ Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_
 """
 
 import dataclasses
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -114,8 +115,7 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
                              "different stages, so no rank can write one consolidated checkpoint file.")
         self.config = ParallelConfig(**settings)  # every knob, documented and checked (nemo_vfm.parallel.config)
         self.parallelize_kwargs = self.config.family_knobs  # resolved for the device at launch (compile="auto")
-        self._grad_reducer = None  # nemo_vfm.parallel.grad_reduce.GradReducer, where it applies (setup)
-        self._accumulating = False  # inside block_backward_sync: a micro-batch that only accumulates
+        self.grad_reducer = None  # nemo_vfm.parallel.grad_reduce.GradReducer, where it applies (setup; train_step)
         self._host_group = None  # gloo group of every rank, on CUDA (None: the default group is gloo)
         self.dims: ParallelDims | None = None
         self.parallel_mesh = None
@@ -229,12 +229,12 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         data-parallel x CP ranks in buckets while backward runs (``nemo_vfm.parallel.grad_reduce``)."""
         dims = self.dims
         if (self.config.overlap_grad_reduce and not dims.fsdp and dims.tp == 1 and not self.pipeline_parallel
-                and self.parallel_mesh.size("dp_cp") > 1 and self._grad_reducer is None):
+                and self.parallel_mesh.size("dp_cp") > 1 and self.grad_reducer is None):
             from nemo_vfm.parallel.fsdp import DTYPES
             from nemo_vfm.parallel.grad_reduce import GradReducer
 
-            self._grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"),
-                                             self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype])
+            self.grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"),
+                                            self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype])
 
     def streams_weights(self, model_config) -> bool:
         """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed
@@ -331,36 +331,10 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         return batch
 
     def teardown(self) -> None:
-        if self._grad_reducer is not None:  # its hooks and process group go before the group is destroyed
-            self._grad_reducer.remove()
-            self._grad_reducer = None
+        if self.grad_reducer is not None:  # its hooks and process group go before the group is destroyed
+            self.grad_reducer.remove()
+            self.grad_reducer = None
         super().teardown()
-
-    @contextmanager
-    def block_backward_sync(self):
-        """Lightning wraps the micro-batches that only accumulate (``accumulate_grad_batches > 1``) in this: their
-        backward leaves gradients local; the last micro-batch's completes them once."""
-        self._accumulating = True
-        try:
-            yield
-        finally:
-            self._accumulating = False
-
-    def backward(self, closure_loss, optimizer, *args, **kwargs):
-        from nemo_vfm.parallel.grads import sync_grads
-
-        if self.pipeline is not None:
-            return self._pipeline_backward(closure_loss)
-        reducer = self._grad_reducer
-        if reducer is not None:
-            reducer.enabled = not self._accumulating
-        out = super().backward(closure_loss, optimizer, *args, **kwargs)
-        if not self._accumulating:
-            if reducer is not None:
-                reducer.finish()
-            sync_grads(self.lightning_module.model, self.parallel_mesh, tp_partial=self.spec.tp_partial,
-                       reduce_dp=reducer is None)
-        return out
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None):
         # weights-only by default, as torch.load: our config classes are allowed by the caller

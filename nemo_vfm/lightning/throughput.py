@@ -150,7 +150,7 @@ class ThroughputLogger(StepEndCallback):
                    **{k.removeprefix("perf/"): v for k, v in stats.items()}}
             with open(self.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-        loss = getattr(pl_module, "step_metrics", {}).get("loss")  # Lightning's outputs: divided by accumulation
+        loss = getattr(pl_module, "step_metrics", {}).get("loss")  # the step's mean (outputs: the last micro-batch's loss)
         if loss is None:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         loss = float(loss)

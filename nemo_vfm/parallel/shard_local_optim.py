@@ -30,7 +30,7 @@ def _local_grad(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 class ShardLocalAdamW(torch.optim.AdamW):
     """:class:`torch.optim.AdamW` whose step runs its kernels (fused, foreach or per tensor, as configured) on the
     local shards of DTensor parameters, gradients and state. State stays DTensor (distributed checkpoints save it
-    sharded); ``grad_scale`` / ``found_inf`` (fused clipping and skipping, ``optimizer_step.prepare_update``)
+    sharded); ``grad_scale`` / ``found_inf`` (fused clipping and skipping, ``nemo_vfm.lightning.train_step``)
     are honoured as in AdamW. Same results as AdamW: ``tests/parallel/test_shard_local_optim.py``."""
 
     @torch.no_grad()

@@ -71,8 +71,8 @@ def test_accumulated_micro_batches_log_sample_and_record_once_per_step(tmp_path,
     monkeypatch.setattr(module, "step_generator",
                         lambda seed, step, rank, device, micro_batch=0: draws.append((step, micro_batch)) or
                         real(seed, step, rank, device, micro_batch))
-    losses, log_step = [], module.DiffusionModule._log_step
-    monkeypatch.setattr(module.DiffusionModule, "_log_step", lambda self, loss, *a: losses.append(loss.item()) or
+    losses, log_step = [], module.DiffusionModule.log_micro_batch
+    monkeypatch.setattr(module.DiffusionModule, "log_micro_batch", lambda self, loss, *a: losses.append(loss.item()) or
                         log_step(self, loss, *a))
 
     from nemo_vfm.data.synthetic import ShapesDataModule

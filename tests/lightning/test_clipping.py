@@ -1,5 +1,5 @@
 """Gradient clipping with a fused AdamW under bf16-mixed: Lightning's AMP plugin refuses it (it assumes an
-fp16 scaler), our module clips (``nemo_vfm.lightning.optimizer_step``): the fused kernel divides the gradients by
+fp16 scaler), our training step clips (``nemo_vfm.lightning.train_step``): the fused kernel divides the gradients by
 its ``grad_scale``, so the gradients the optimizer steps with have the clipped norm."""
 
 import lightning as L

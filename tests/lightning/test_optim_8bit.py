@@ -14,7 +14,6 @@ import torch
 from nemo_vfm.data.synthetic import MockLatentDataModule
 from nemo_vfm.diffusion.edm import EDM
 from nemo_vfm.lightning.module import DiffusionModule, OptimConfig, build_optimizer
-from nemo_vfm.lightning.optimizer_step import prepare_update
 from nemo_vfm.models.dit.model import DiTConfig
 
 pytest.importorskip("torchao")  # the fp8 extra; the error without it is tested below with torchao hidden
@@ -53,19 +52,35 @@ def test_adamw8bit_learns_like_fp32_adamw():
     assert (w8 - w32).norm() < 0.05 * moved, float((w8 - w32).norm() / moved)  # within 5% of fp32 AdamW's update
 
 
+class _PoisonStep(L.Callback):
+    """Makes one gradient NaN after the backward of step 2 (the loss stays finite); records the weights around it."""
+
+    def on_after_backward(self, trainer, pl_module):
+        if trainer.global_step == 1:
+            next(p for p in pl_module.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+            self.before = [p.detach().clone() for p in pl_module.model.parameters()]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 2:
+            self.after = [p.detach().clone() for p in pl_module.model.parameters()]
+            self.grads = [p.grad for p in pl_module.model.parameters()]
+            self.bad = bool(pl_module.last_update_bad)
+
+
 def test_adamw8bit_dropped_update_leaves_weights_unchanged():
-    """A NaN gradient: prepare_update (no fused kernel to take ``found_inf``) clears the gradients, and the
+    """A NaN gradient: the training step (no fused kernel to take ``found_inf``) clears the gradients, and the
     8-bit AdamW skips parameters without one."""
-    _, _, opt = _regression("adamw8bit", steps=1)
-    p = opt.param_groups[0]["params"][0]
-    net = torch.nn.Module()
-    net.p = p
-    before = p.detach().clone()
-    p.grad = torch.full_like(p, float("nan"))
-    bad = prepare_update(opt, [net], clip_val=1.0)
-    opt.step()
-    assert bool(bad) and p.grad is None
-    assert torch.equal(p.detach(), before)
+    torch.manual_seed(0)
+    cfg = DiTConfig(num_layers=1, hidden_size=32, num_heads=2, in_channels=4, context_dim=None)
+    module = DiffusionModule(cfg, EDM(), OptimConfig(name="adamw8bit", warmup_steps=0, lr=1e-3), ema_decay=None)
+    poison = _PoisonStep()
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", devices=1, precision="32-true", gradient_clip_val=1.0,
+                        callbacks=[poison], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, datamodule=MockLatentDataModule(latent_channels=4, num_frames=2, height=8, width=8,
+                                                        context_dim=None, batch_size=2, num_samples=8))
+    assert poison.bad and all(g is None for g in poison.grads)
+    assert all(torch.equal(a, b) for a, b in zip(poison.before, poison.after))
 
 
 class _Probe(DiffusionModule):
