@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from nemo_vfm.curation.config import CurationConfig, apply_overrides
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # messages name paths: never broken inside a word
     overrides = [a for a in args.extra if a != "--"]
     try:
         config = apply_overrides(CurationConfig(), overrides)
