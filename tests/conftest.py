@@ -1,5 +1,6 @@
 """Suite-wide hygiene: a test that trains in this process under ``VFMParallelStrategy`` (one process, gloo) leaves
-the default process group up; tear it down so the next test starts without one. The ``timing`` marker (tests that
+the default process group up and its rendezvous variables (``MASTER_PORT``...) in the environment; tear down the
+one and restore the others so the next test, and the subprocesses it starts, begin without them. The ``timing`` marker (tests that
 measure wall-clock throughput run alone, see the Makefile). Shared fixtures: a run-folder lock holder, and a tiny
 random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
 
@@ -21,9 +22,23 @@ def pytest_configure(config):
         "with no other test beside them")
 
 
+# what an in-process training (Lightning's launcher) writes into os.environ for its process group
+_RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_process_group():
+    import os
+
+    before = {k: os.environ.get(k) for k in _RENDEZVOUS_ENV}
     yield
+    # a later subprocess must not inherit a port this test's training picked (another xdist worker may hold it by
+    # then: EADDRINUSE)
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
