@@ -37,15 +37,21 @@ def tiny_config(**overrides):
     return DiTConfig(**{**kw, **overrides})
 
 
-def make_problem(cfg, *, batch: int = 4, latent=(2, 4, 4), text_len: int = 5, seed: int = 0) -> dict:
-    """Weights (perturbed away from the zero init so every gradient is informative) and one batch."""
-    from nemo_vfm.diffusion.edm import EDM
-
+def _perturbed_model(cfg, seed: int):
+    """The network of ``cfg`` with weights perturbed away from the zero init, so every gradient is informative."""
     torch.manual_seed(seed)
     model = cfg.build("cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def make_problem(cfg, *, batch: int = 4, latent=(2, 4, 4), text_len: int = 5, seed: int = 0) -> dict:
+    """Weights (perturbed away from the zero init so every gradient is informative) and one batch."""
+    from nemo_vfm.diffusion.edm import EDM
+
+    model = _perturbed_model(cfg, seed)
     g = torch.Generator().manual_seed(seed + 1)
     T, H, W = latent
     x0 = torch.randn(batch, cfg.in_channels, T, H, W, generator=g)
@@ -77,11 +83,7 @@ def make_packed_problem(cfg, *, shapes=PACKED_SHAPES, pad_to_multiple: int = 4, 
     from nemo_vfm.data.packing import pack_samples
     from nemo_vfm.diffusion.edm import EDM
 
-    torch.manual_seed(seed)
-    model = cfg.build("cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    model = _perturbed_model(cfg, seed)
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
     for i, (t, h, w) in enumerate(shapes):
