@@ -192,9 +192,9 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
     # -- model --------------------------------------------------------------------------------------
     def family_knobs(self, spec) -> dict:
-        """The knobs ``spec``'s family declares it reads (e.g. ``factorized_cp`` for ST-DiT); one it does not read,
-        set away from its default, raises naming it."""
-        return spec.select_knobs(self.parallelize_kwargs, ParallelConfig.family_defaults(), ParallelConfig.knob_names())
+        """The knobs ``spec``'s family declares it reads (e.g. ``factorized_context_parallel`` for ST-DiT); one it
+        does not read, set away from its default, raises naming it."""
+        return spec.select_knobs(self.parallelize_kwargs, ParallelConfig.family_defaults())
 
     def setup(self, trainer) -> None:
         from nemo_vfm.parallel.pipeline import StageList

@@ -34,10 +34,10 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
                             fsdp_reshard_after_forward=False)
     assert s.config.tensor_model_parallel_size == 2 and s.config.layout["tp"] == 2 and s.config.layout["sequence_parallel"]
     assert s.parallelize_kwargs == {
-        "activation_checkpointing": "full", "ac_every": 2, "compile": "auto", "fuse_qkv": True, "float8": None,
-        "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32", "attention_backend": "auto",
-        "reshard_after_forward": False, "factorized_cp": "hybrid", "factorized_cp_chunks": 1,
-        "cpu_offload": False}
+        "activation_checkpointing": "full", "activation_checkpointing_every": 2, "compile": "auto", "fuse_qkv": True,
+        "float8": None, "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32",
+        "attention_backend": "auto", "fsdp_reshard_after_forward": False, "factorized_context_parallel": "hybrid",
+        "factorized_context_parallel_chunks": 1, "cpu_offload": False}
 
 
 @pytest.mark.parametrize("kw, match", [
