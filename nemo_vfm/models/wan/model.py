@@ -130,6 +130,16 @@ class WanConfig:
         I2V-A14B without CLIP tokens); 0 for T2V and TI2V."""
         return max(self.in_channels - self.out_channels, 0)
 
+    @property
+    def image_conditions(self) -> tuple[str | None, ...]:
+        """The ``vfm prepare image_condition=`` values this model trains on (None: data without ``cond_latents``;
+        checked by the data module before training): ``wan_i2v`` where it takes ``cond_latents`` only (Wan 2.2
+        I2V), either for Wan 2.1 I2V (it also needs CLIP ``image_embeds``, which ``vfm prepare`` does not store:
+        its model asks for them at the first step), None for T2V and TI2V."""
+        if self.is_i2v:
+            return (None, "wan_i2v")
+        return ("wan_i2v",) if self.cond_channels else (None,)
+
     def build(self, device: str | torch.device | None = None) -> "WanModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated;
         call ``to_empty`` and ``init_weights()`` after parallelizing)."""
