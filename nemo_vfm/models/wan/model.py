@@ -53,6 +53,7 @@ from nemo_vfm.models.common.embeddings import (
     sinusoidal_embedding,
     unpatchify,
 )
+from nemo_vfm.models.common.init import init_linears_and_norms
 from nemo_vfm.models.common.mlp import linear_gelu
 from nemo_vfm.models.wan.norms import WanLayerNorm, WanRMSNorm
 
@@ -356,15 +357,7 @@ class WanModel(nn.Module):
         if self.cfg.pretrained:
             self.load_pretrained(self.cfg.pretrained)
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm) and m.weight is not None:
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, WanRMSNorm):
-                nn.init.ones_(m.weight)
+        init_linears_and_norms(self, (nn.LayerNorm, WanRMSNorm))
         nn.init.xavier_uniform_(self.patch_embedding.weight.flatten(1))
         nn.init.zeros_(self.patch_embedding.bias)
         for m in (*self.text_embedding, *self.time_embedding):
