@@ -44,9 +44,9 @@ def run_mode(mode: str, cfg, pmesh, args, device, x0, cond) -> dict:
 
     cuda = device.type == "cuda"
     model = cfg.build("meta")
-    P.SPEC.parallelize(model, pmesh, factorized_cp=mode, activation_checkpointing=args.ac,
-                        param_dtype="bf16" if cuda else None, reduce_dtype="fp32" if cuda else None,
-                        attention_backend=args.attention_backend)
+    P.SPEC.parallelize(model, pmesh, factorized_context_parallel=mode, activation_checkpointing=args.ac,
+                       param_dtype="bf16" if cuda else None, reduce_dtype="fp32" if cuda else None,
+                       attention_backend=args.attention_backend)
     model.to_empty(device=device)
     torch.manual_seed(0)
     model.init_weights()

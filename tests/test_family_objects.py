@@ -17,7 +17,7 @@ BY_NAME = re.compile(
     rf"""|isinstance\([^)]*\b({CONFIGS})\b"""  # isinstance(cfg, WanConfig)
 )
 # generic layers: what consumes the family objects
-GENERIC = ("cli", "inference", "lightning", "parallel", "models/common", "train.py", "models/spec.py",
+GENERIC = ("cli", "data", "inference", "lightning", "parallel", "models/common", "train.py", "models/spec.py",
            "models/families.py", "models/flops.py")
 # the families' own inference modules (their generation adapters) may hold family-specific code
 OWN = tuple(f"inference/{f}.py" for f in FAMILIES)

@@ -7,7 +7,7 @@
   uninterrupted run would have seen.
 * With ``max_seq_length`` set, batches are packed THD :class:`~nemo_vfm.data.batch.PackedBatch`;
   without, bucketed :class:`~nemo_vfm.data.batch.VideoBatch` (with ``cond_latents`` when the data was prepared
-  with ``image_condition=wan_i2v``). ``setup()`` checks that a Wan image-to-video model gets such data.
+  with ``image_condition=wan_i2v``). ``setup()`` checks that a model declaring it takes such data (its config's ``image_conditions``) gets it.
 """
 
 import json
@@ -340,26 +340,26 @@ class EnergonDataModule(pl.LightningDataModule):
 
 
 def check_image_condition(model_config, image_condition: str | None, path: str) -> None:
-    """Raise when a Wan 2.2 I2V model (``cond_latents`` only) meets data without them, or when data with Wan I2V
-    ``cond_latents`` meets a model that does not take them. Wan 2.1 I2V (CLIP ``image_embeds`` too) is not checked
-    here: ``vfm prepare`` does not store CLIP image tokens, and its model asks for them at the first step."""
+    """Raise when the model and the data disagree on image conditioning: the model's config declares the ``vfm prepare
+    image_condition=`` values it trains on (``image_conditions``; a config without it takes none: ``(None,)``), and
+    ``image_condition`` is what ``path`` was prepared with (None: no ``cond_latents``). A config accepting both
+    (Wan 2.1 I2V: ``vfm prepare`` does not store its CLIP image tokens, so its model asks at the first step) is not
+    checked here."""
     if model_config is None:
         return
-    from nemo_vfm.models.wan.model import WanConfig
-
-    is_wan = isinstance(model_config, WanConfig)
-    if is_wan and model_config.is_i2v:
+    accepts = tuple(getattr(model_config, "image_conditions", (None,)))
+    if image_condition in accepts:
         return
-    takes_cond = is_wan and model_config.cond_channels > 0
-    if takes_cond and image_condition is None:
-        raise ValueError(f"the model is Wan image-to-video (model.in_channels={model_config.in_channels}: latents + "
-                         f"{model_config.cond_channels} cond_latents channels) but {path} was prepared without image "
-                         "conditioning; prepare the clips again with `vfm prepare ... image_condition=wan_i2v` (same "
-                         "tokenizer and text encoder) and point data.path at that output")
-    if image_condition is not None and not takes_cond:
-        raise ValueError(f"{path} was prepared with image_condition={image_condition} (batches carry Wan I2V "
-                         f"cond_latents) but the model ({type(model_config).__name__}) takes no cond_latents; train a "
-                         "Wan image-to-video model (e.g. lora_wan2_2_i2v_a14b) or prepare without image_condition")
+    model = type(model_config).__name__
+    if image_condition is None:
+        wanted = next(c for c in accepts if c is not None)
+        raise ValueError(f"the model ({model}) takes image conditioning (cond_latents, image_condition={wanted}) but "
+                         f"{path} was prepared without image conditioning; prepare the clips again with `vfm prepare "
+                         f"... image_condition={wanted}` (same tokenizer and text encoder) and point data.path at "
+                         "that output")
+    raise ValueError(f"{path} was prepared with image_condition={image_condition} (batches carry its cond_latents) "
+                     f"but the model ({model}) takes no cond_latents; train an image-to-video model that takes them "
+                     "(e.g. lora_wan2_2_i2v_a14b) or prepare without image_condition")
 
 
 def _loads_state(data: bytes):

@@ -43,6 +43,8 @@ Not under PP: packed batches, ``16-mixed`` (its loss scaler), ``accumulate_grad_
 """
 
 import dataclasses
+import inspect
+import typing
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -56,7 +58,8 @@ from nemo_vfm.parallel.config import ParallelConfig
 from nemo_vfm.parallel.dims import ParallelDims
 from nemo_vfm.parallel.materialize import copy_local, fill_from_rank0, take_tensors
 
-_SETTINGS = {f.name for f in dataclasses.fields(ParallelConfig)}  # VFMParallelStrategy's knobs that are not Lightning's
+_SETTINGS = tuple(f.name for f in dataclasses.fields(ParallelConfig))  # VFMParallelStrategy's knobs, not Lightning's
+LIGHTNING_OWN = ("save_distributed_checkpoint", "process_group_backend", "timeout")  # the strategy's other keywords
 
 
 def family_spec(model_or_config):
@@ -72,48 +75,28 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
     _rank0_tensors = None  # from scratch: rank 0's tensors ({} elsewhere) until the laid-out network has them
 
-    # The fields of ParallelConfig (same names and defaults: tests/parallel/test_parallel_config.py), then Lightning's.
     def __init__(
         self,
         *,
-        tensor_model_parallel_size: int = 1,
-        sequence_parallel: bool = False,
-        context_parallel_size: int = 1,
-        context_parallel_kind: str = "ring",
-        factorized_context_parallel: str = "hybrid",
-        factorized_context_parallel_chunks: int = 1,
-        pipeline_model_parallel_size: int = 1,
-        pipeline_schedule: str = "1f1b",
-        microbatches: int | None = None,
-        fsdp: bool = True,
-        fsdp_reshard_after_forward: bool = True,
-        overlap_grad_reduce: bool = True,
-        grad_reduce_bucket_mb: float = 100.0,
-        data_parallel_replicate_size: int = 1,
-        expert_model_parallel_size: int = 1,
-        activation_checkpointing: str = "none",
-        activation_checkpointing_every: int = 2,
-        compile: bool | str = "auto",
-        fuse_qkv: bool = True,
-        float8: str | None = None,
-        float8_modules: str = "mlp",
-        param_dtype: str | None = "bf16",
-        reduce_dtype: str | None = "fp32",
-        attention_backend: str = "auto",
-        activation_offload: bool = False,
-        block_swap: int = 0,
-        cpu_offload: bool = False,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta = timedelta(minutes=30),
+        **knobs,
     ) -> None:
-        settings = {k: v for k, v in locals().items() if k in _SETTINGS}  # before any other local exists
+        """``knobs``: the fields of :class:`~nemo_vfm.parallel.config.ParallelConfig` (its names, defaults and
+        checks: one source; :func:`_knob_signature` shows them to Fiddle, NeMo-Run's CLI and ``help``); the rest
+        are Lightning's."""
+        unknown = sorted(k for k in knobs if k not in _SETTINGS)
+        if unknown:
+            raise ValueError(f"unknown VFMParallelStrategy knob {', '.join(unknown)}; valid knobs: "
+                             f"{', '.join([*_SETTINGS, *LIGHTNING_OWN])}")
+        config = ParallelConfig(**knobs)  # every knob, documented and checked (nemo_vfm.parallel.config)
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
-        if pipeline_model_parallel_size > 1 and not save_distributed_checkpoint:
+        if config.pipeline_model_parallel_size > 1 and not save_distributed_checkpoint:
             raise ValueError("pipeline_model_parallel_size > 1 needs save_distributed_checkpoint=True: every rank holds "
                              "different stages, so no rank can write one consolidated checkpoint file.")
-        self.config = ParallelConfig(**settings)  # every knob, documented and checked (nemo_vfm.parallel.config)
+        self.config = config
         self.parallelize_kwargs = self.config.family_knobs  # resolved for the device at launch (compile="auto")
         self.grad_reducer = None  # nemo_vfm.parallel.grad_reduce.GradReducer, where it applies (setup; train_step)
         self._host_group = None  # gloo group of every rank, on CUDA (None: the default group is gloo)
@@ -192,9 +175,9 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
     # -- model --------------------------------------------------------------------------------------
     def family_knobs(self, spec) -> dict:
-        """The knobs ``spec``'s family declares it reads (e.g. ``factorized_cp`` for ST-DiT); one it does not read,
-        set away from its default, raises naming it."""
-        return spec.select_knobs(self.parallelize_kwargs, ParallelConfig.family_defaults(), ParallelConfig.knob_names())
+        """The knobs ``spec``'s family declares it reads (e.g. ``factorized_context_parallel`` for ST-DiT); one it
+        does not read, set away from its default, raises naming it."""
+        return spec.select_knobs(self.parallelize_kwargs, ParallelConfig.family_defaults())
 
     def setup(self, trainer) -> None:
         from nemo_vfm.parallel.pipeline import StageList
@@ -375,3 +358,16 @@ def _record_stream(obj, stream) -> None:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             _record_stream(getattr(obj, f.name), stream)
+
+
+def _knob_signature(init) -> inspect.Signature:
+    """``init``'s signature as callers' tools see it (Fiddle's argument checks and defaults, NeMo-Run's override
+    parsing, ``help``): ``self``, one keyword per ParallelConfig field (its type and default), then Lightning's own."""
+    hints = typing.get_type_hints(ParallelConfig)
+    own = inspect.signature(init).parameters
+    knobs = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+             for f in dataclasses.fields(ParallelConfig)]
+    return inspect.Signature([own["self"], *knobs, *(own[n] for n in LIGHTNING_OWN)])
+
+
+VFMParallelStrategy.__init__.__signature__ = _knob_signature(VFMParallelStrategy.__init__)

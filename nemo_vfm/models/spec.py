@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nemo_vfm.parallel.config import PARALLELIZE_KNOBS
 from nemo_vfm.parallel.token_split import TokenSplit
 
 if TYPE_CHECKING:
@@ -17,9 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FamilySpec", "TokenSplit", "check_unpipelined_layout", "COMMON_KNOBS", "DENSE_KNOBS"]
 
-# the parallelize knobs every family reads; DENSE_KNOBS adds fused q/k/v and FP8 linears
-COMMON_KNOBS = frozenset({"activation_checkpointing", "ac_every", "compile", "param_dtype", "reduce_dtype",
-                          "attention_backend", "reshard_after_forward", "cpu_offload"})
+# the parallelize knobs every family reads (ParallelConfig field names); DENSE_KNOBS adds fused q/k/v and FP8 linears
+COMMON_KNOBS = frozenset({"activation_checkpointing", "activation_checkpointing_every", "compile", "param_dtype",
+                          "reduce_dtype", "attention_backend", "fsdp_reshard_after_forward", "cpu_offload"})
 DENSE_KNOBS = COMMON_KNOBS | {"fuse_qkv", "float8", "float8_modules"}
 
 
@@ -27,8 +28,10 @@ DENSE_KNOBS = COMMON_KNOBS | {"fuse_qkv", "float8", "float8_modules"}
 class FamilySpec:
     """What the training strategy, the generic parallelize and the inference engine need of a family.
 
-    ``knobs``: the :func:`~nemo_vfm.parallel.parallelize.parallelize` keywords the family reads (``compile``,
-    ``fuse_qkv``...); ``layout_knobs``: those ``check_layout(cfg, dims, latent_thw, **layout_knobs)`` reads.
+    ``knobs``: the :func:`~nemo_vfm.parallel.parallelize.parallelize` knobs the family reads, named as the
+    :class:`~nemo_vfm.parallel.config.ParallelConfig` fields (``compile``, ``fuse_qkv``,
+    ``activation_checkpointing_every``...); ``layout_knobs``: those ``check_layout(cfg, dims, latent_thw,
+    **layout_knobs)`` reads.
     ``tp_plan``: block-relative module path -> style; ``tp_optional``: plan paths a block may lack (e.g. I2V-only
     layers); ``sp_input_arity``: positional inputs of each ``sp_input`` module; ``tp_partial`` /
     ``pp_duplicated``: parameter-name patterns whose gradients are summed over TP / PP; ``token_split``: the block
@@ -85,16 +88,29 @@ class FamilySpec:
 
         return functools.partial(parallelize, spec=self)
 
-    def select_knobs(self, knobs: dict, defaults: dict, names: dict | None = None) -> dict:
-        """The keywords of ``knobs`` that this family reads. A knob it does not read, set away from its default,
-        raises naming it and the knobs the family takes (``names``: keyword -> the user-facing knob name)."""
-        names = names or {}
-        unread = sorted(k for k, v in knobs.items() if k not in self.knobs | self.layout_knobs and v != defaults.get(k))
+    def __post_init__(self):
+        declared = self.knobs | self.layout_knobs
+        if not declared <= set(PARALLELIZE_KNOBS):
+            raise ValueError(f"the {self.name} family declares knobs {sorted(declared - set(PARALLELIZE_KNOBS))} that "
+                             f"are no parallelize knobs; name ParallelConfig fields: {', '.join(PARALLELIZE_KNOBS)}")
+
+    def select_knobs(self, knobs: dict, defaults: dict | None = None) -> dict:
+        """The entries of ``knobs`` (ParallelConfig field names) that this family reads. A name that is no
+        parallelize knob raises naming it and the valid ones; a knob the family does not read raises naming it and
+        the knobs the family takes, unless ``defaults`` is given and the knob is at its default there (the strategy
+        passes every knob, most at their defaults)."""
+        unknown = sorted(k for k in knobs if k not in PARALLELIZE_KNOBS)
+        if unknown:
+            raise ValueError(f"unknown parallelize knob {', '.join(unknown)}; valid knobs (ParallelConfig fields): "
+                             f"{', '.join(PARALLELIZE_KNOBS)}")
+        takes = self.knobs | self.layout_knobs
+        unread = sorted(k for k, v in knobs.items()
+                        if k not in takes and (defaults is None or k not in defaults or v != defaults[k]))
         if unread:
-            said = ", ".join(f"{names.get(k, k)}={knobs[k]!r}" for k in unread)
-            takes = ", ".join(sorted(names.get(k, k) for k in self.knobs | self.layout_knobs))
-            raise ValueError(f"the {self.name} family does not read {said}; remove it (this family takes {takes})")
-        return {k: v for k, v in knobs.items() if k in self.knobs}
+            said = ", ".join(f"{k}={knobs[k]!r}" for k in unread)
+            raise ValueError(f"the {self.name} family does not read {said}; remove it (this family takes "
+                             f"{', '.join(sorted(takes))})")
+        return {k: v for k, v in knobs.items() if k in takes}
 
     def layout_kwargs(self, knobs: dict) -> dict:
         return {k: v for k, v in knobs.items() if k in self.layout_knobs}

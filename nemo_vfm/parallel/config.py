@@ -4,7 +4,7 @@ only Lightning's own settings (``save_distributed_checkpoint``, ``process_group_
 
     cfg = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, context_parallel_size=4)
     cfg.layout            # the ParallelDims keywords (tp, cp, pp, dp_replicate, fsdp, ep...)
-    cfg.family_knobs      # what the model families' parallelize functions take (activation_checkpointing, compile...)
+    cfg.family_knobs      # the parallelize knobs (activation_checkpointing, compile...), under these same names
 """
 
 from __future__ import annotations
@@ -13,10 +13,6 @@ import dataclasses
 import warnings
 from dataclasses import dataclass
 
-# strategy knob -> the keyword the families' parallelize functions take, where the two differ
-FAMILY_KEYWORDS = {"activation_checkpointing_every": "ac_every", "fsdp_reshard_after_forward": "reshard_after_forward",
-                   "factorized_context_parallel": "factorized_cp",
-                   "factorized_context_parallel_chunks": "factorized_cp_chunks"}
 _LAYOUT = {"tensor_model_parallel_size": "tp", "sequence_parallel": "sequence_parallel", "context_parallel_size": "cp",
            "context_parallel_kind": "cp_kind", "pipeline_model_parallel_size": "pp", "pipeline_schedule": "pp_schedule",
            "microbatches": "pp_microbatches", "data_parallel_replicate_size": "dp_replicate", "fsdp": "fsdp",
@@ -173,17 +169,16 @@ class ParallelConfig:
 
     @property
     def family_knobs(self) -> dict:
-        """The settings the model families' parallelize functions read, under their keyword names."""
-        skip = set(_LAYOUT) | set(_STRATEGY_ONLY)
-        return {FAMILY_KEYWORDS.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in skip}
+        """The settings :func:`~nemo_vfm.parallel.parallelize.parallelize` reads (:data:`PARALLELIZE_KNOBS`), by
+        their field names: one name per knob, from the strategy to the family's declaration to parallelize."""
+        return {name: getattr(self, name) for name in PARALLELIZE_KNOBS}
 
     @classmethod
     def family_defaults(cls) -> dict:
         """The defaults of :attr:`family_knobs` (a knob at its default is not an error for a family that ignores it)."""
-        return {FAMILY_KEYWORDS.get(f.name, f.name): f.default for f in dataclasses.fields(cls)}
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.name in PARALLELIZE_KNOBS}
 
-    @classmethod
-    def knob_names(cls) -> dict:
-        """Family keyword -> the user-facing knob name, where they differ."""
-        return {v: k for k, v in FAMILY_KEYWORDS.items()}
+
+# the fields parallelize reads (a family declares which of them it takes: FamilySpec.knobs), in field order
+PARALLELIZE_KNOBS = tuple(f.name for f in dataclasses.fields(ParallelConfig)
+                          if f.name not in _LAYOUT and f.name not in _STRATEGY_ONLY)

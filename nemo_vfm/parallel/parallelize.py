@@ -2,6 +2,9 @@
 
     family.parallelize(model, pmesh, activation_checkpointing="full")   # = parallelize(model, pmesh, spec=family)
 
+The knobs are named as the :class:`~nemo_vfm.parallel.config.ParallelConfig` fields (the strategy's knobs); a name
+that is no such knob, or one the family does not declare it reads, raises naming it.
+
 Order (torchtitan's): the family's layout check -> tensor/sequence parallel -> context parallel -> FP8 linears ->
 activation checkpointing -> compile -> FSDP. The model code stays single-device; everything here works through
 what the family declares (a :class:`~nemo_vfm.models.spec.FamilySpec`): module paths of its TP plan, the block
@@ -86,38 +89,44 @@ def _family_modules(spec, model: nn.Module, pmesh: ParallelMesh) -> None:
                 m.register_forward_hook(scale_grad_hook(1.0 / d.tp))
 
 
-def parallelize(
+def parallelize(model: nn.Module, pmesh: ParallelMesh, *, spec, blocks_only: bool = False, **knobs) -> nn.Module:
+    """Apply ``spec``'s family plans (module docstring) to ``model`` in place; return it. ``knobs``: ParallelConfig
+    fields the family reads (``spec.knobs``; see :func:`_apply` for what each does and its default here);
+    ``blocks_only``: the caller drives a pipeline stage's forward itself (no model-level hooks)."""
+    return _apply(model, pmesh, spec, blocks_only, **spec.select_knobs(knobs))
+
+
+def _apply(
     model: nn.Module,
     pmesh: ParallelMesh,
-    *,
     spec,
+    blocks_only: bool,
+    *,
     activation_checkpointing: str = "none",
-    ac_every: int = 2,
+    activation_checkpointing_every: int = 2,
     compile: bool = False,
     fuse_qkv: bool = False,
     param_dtype: str | None = "bf16",
     reduce_dtype: str | None = "fp32",
     attention_backend: str = "auto",
-    reshard_after_forward: bool = True,
+    fsdp_reshard_after_forward: bool = True,
     float8: str | None = None,
     float8_modules: str = "mlp",
     cpu_offload: bool = False,
-    factorized_cp: str = "hybrid",
-    factorized_cp_chunks: int = 1,
-    blocks_only: bool = False,
+    factorized_context_parallel: str = "hybrid",
+    factorized_context_parallel_chunks: int = 1,
 ) -> nn.Module:
-    """Apply ``spec``'s family plans (module docstring) to ``model`` in place; return it.
-
-    ``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
+    """``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
     ``cpu_offload``: FSDP2 with ``CPUOffloadPolicy`` (also in one process, where FSDP is otherwise skipped).
-    ``factorized_cp`` / ``factorized_cp_chunks``: a family with factorized attention (ST-DiT) reads them in its
-    layout check and ``install_cp``. ``blocks_only``: the caller drives a pipeline stage's forward itself (no
-    model-level hooks)."""
+    ``factorized_context_parallel`` / ``factorized_context_parallel_chunks``: a family with factorized attention
+    (ST-DiT) reads them in its layout check and ``install_cp``. The defaults are a direct call's (the strategy
+    passes every knob the family reads, from its ParallelConfig)."""
     d = pmesh.dims
     if d.pp > 1 and not blocks_only:
         raise ValueError("under pipeline parallelism build the stages with build_pipeline_stages(model, pmesh)")
-    layout = spec.layout_kwargs({"factorized_cp": factorized_cp, "factorized_cp_chunks": factorized_cp_chunks})
+    layout = spec.layout_kwargs({"factorized_context_parallel": factorized_context_parallel,
+                                 "factorized_context_parallel_chunks": factorized_context_parallel_chunks})
     spec.check_layout(model.cfg, d, **layout)
     check_float8(float8, float8_modules, d.tp)
     _family_modules(spec, model, pmesh)
@@ -145,7 +154,7 @@ def parallelize(
         for block in owned:
             if hasattr(getattr(block, "attn", None), "fuse_qkv"):
                 block.attn.fuse_qkv = fuse_qkv
-    apply_activation_checkpointing(blocks, activation_checkpointing, ac_every)
+    apply_activation_checkpointing(blocks, activation_checkpointing, activation_checkpointing_every)
     if compile:
         compile_blocks(blocks)
     if d.fsdp or cpu_offload:
@@ -154,7 +163,7 @@ def parallelize(
             from nemo_vfm.parallel.expert_parallel import apply_expert_fsdp
 
             apply_expert_fsdp(moe_layers, pmesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                              reshard_after_forward=reshard_after_forward)
+                              reshard_after_forward=fsdp_reshard_after_forward)
         apply_fsdp(model, owned, pmesh.get("fsdp"), param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                   reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload)
+                   reshard_after_forward=fsdp_reshard_after_forward, cpu_offload=cpu_offload)
     return model

@@ -168,6 +168,22 @@ def test_data_without_image_condition_fails_before_training(wan_i2v_data, tmp_pa
     check_image_condition(_i2v_model(image_dim=32), None, "data/x")  # Wan 2.1 I2V: its model asks at the first step
 
 
+def test_the_image_condition_check_reads_what_the_config_declares():
+    """No family is named: any config declaring ``image_conditions`` is checked, one without it takes none."""
+    from types import SimpleNamespace
+
+    from nemo_vfm.data.energon_datamodule import check_image_condition
+
+    takes = SimpleNamespace(image_conditions=("wan_i2v",))
+    with pytest.raises(ValueError, match=r"the model \(SimpleNamespace\) takes image conditioning.*prepared without"):
+        check_image_condition(takes, None, "data/x")
+    check_image_condition(takes, "wan_i2v", "data/x")
+    with pytest.raises(ValueError, match="takes no cond_latents"):
+        check_image_condition(SimpleNamespace(), "wan_i2v", "data/x")
+    check_image_condition(SimpleNamespace(), None, "data/x")
+    assert _i2v_model().image_conditions == ("wan_i2v",) and _i2v_model(image_dim=32).image_conditions == (None, "wan_i2v")
+
+
 def test_bad_settings_fail_clearly(wan_i2v_data, tmp_path):
     from nemo_vfm.cli.prepare import parse
     from nemo_vfm.data.energon_datamodule import EnergonDataModule

@@ -137,7 +137,7 @@ def test_layout_check_names_the_problem():
         check_layout(cfg, ParallelDims(world_size=2, cp=2), (3, 4, 4))
     with pytest.raises(ValueError, match="tokens per frame"):
         check_layout(cfg, ParallelDims(world_size=4, cp=4), (4, 4, 6))
-    check_layout(cfg, ParallelDims(world_size=4, cp=4), (4, 4, 6), factorized_cp="ring")
+    check_layout(cfg, ParallelDims(world_size=4, cp=4), (4, 4, 6), factorized_context_parallel="ring")
     with pytest.raises(NotImplementedError, match="pipeline"):
         check_layout(cfg, ParallelDims(world_size=2, pp=2))
 

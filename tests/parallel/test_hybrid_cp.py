@@ -33,9 +33,9 @@ def moviegen_cfg():
 
 CFGS = {"stdit": stdit_cfg, "moviegen": moviegen_cfg}
 LAYOUTS_2 = {
-    "ST-DiT CP2 hybrid": ("stdit", dict(cp=2), dict(factorized_cp="hybrid")),
-    "ST-DiT CP2 ring": ("stdit", dict(cp=2), dict(factorized_cp="ring")),
-    "ST-DiT CP2 hybrid, heads in 2 pipelined groups": ("stdit", dict(cp=2), dict(factorized_cp_chunks=2)),
+    "ST-DiT CP2 hybrid": ("stdit", dict(cp=2), dict(factorized_context_parallel="hybrid")),
+    "ST-DiT CP2 ring": ("stdit", dict(cp=2), dict(factorized_context_parallel="ring")),
+    "ST-DiT CP2 hybrid, heads in 2 pipelined groups": ("stdit", dict(cp=2), dict(factorized_context_parallel_chunks=2)),
     "ST-DiT TP2 + SP": ("stdit", dict(tp=2, sequence_parallel=True), {}),
     "MovieGen TP2": ("moviegen", dict(tp=2), {}),
     "MovieGen FSDP2": ("moviegen", dict(), {}),
@@ -43,10 +43,10 @@ LAYOUTS_2 = {
     "MovieGen PP2 1F1B": ("moviegen", dict(pp=2), {}),
 }
 LAYOUTS_4 = {
-    "ST-DiT CP4 hybrid": ("stdit", dict(cp=4), dict(factorized_cp="hybrid")),
-    "ST-DiT CP2 hybrid x FSDP2 + full AC": ("stdit", dict(cp=2), dict(factorized_cp="hybrid",
+    "ST-DiT CP4 hybrid": ("stdit", dict(cp=4), dict(factorized_context_parallel="hybrid")),
+    "ST-DiT CP2 hybrid x FSDP2 + full AC": ("stdit", dict(cp=2), dict(factorized_context_parallel="hybrid",
                                                                        activation_checkpointing="full")),
-    "ST-DiT CP4 hybrid, 2 head groups + full AC": ("stdit", dict(cp=4), dict(factorized_cp_chunks=2,
+    "ST-DiT CP4 hybrid, 2 head groups + full AC": ("stdit", dict(cp=4), dict(factorized_context_parallel_chunks=2,
                                                                               activation_checkpointing="full")),
     "MovieGen TP2 (SP) x FSDP2": ("moviegen", dict(tp=2, sequence_parallel=True), {}),
 }

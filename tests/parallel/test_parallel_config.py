@@ -5,8 +5,10 @@ the config is built, and the families receive the same knobs as before."""
 import ast
 import dataclasses
 import inspect
+import typing
 from pathlib import Path
 
+import fiddle as fdl
 import pytest
 
 from nemo_vfm.lightning.strategy import VFMParallelStrategy
@@ -19,6 +21,25 @@ def test_strategy_knobs_are_the_config_fields_with_the_same_defaults():
     params = {n: p.default for n, p in inspect.signature(VFMParallelStrategy.__init__).parameters.items()
               if n != "self" and n not in LIGHTNING_OWN}
     assert params == {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+
+
+def test_the_strategy_takes_its_knobs_from_the_config_fields_not_a_second_list():
+    source = inspect.getsource(VFMParallelStrategy.__init__)
+    assert "tensor_model_parallel_size" not in source and "activation_checkpointing" not in source
+    hints = typing.get_type_hints(ParallelConfig)
+    params = inspect.signature(VFMParallelStrategy).parameters  # what Fiddle and NeMo-Run's CLI read
+    assert all(params[f.name].annotation == hints[f.name] for f in dataclasses.fields(ParallelConfig))
+    s = fdl.build(fdl.Config(VFMParallelStrategy, context_parallel_size=2, fsdp=False))
+    assert s.config == ParallelConfig(context_parallel_size=2, fsdp=False)
+    assert fdl.Config(VFMParallelStrategy).activation_checkpointing == "none"  # a default Fiddle reads
+
+
+def test_an_unknown_strategy_knob_fails_naming_it_and_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown VFMParallelStrategy knob tensor_parallel; valid knobs: "
+                                         r"tensor_model_parallel_size, .*cpu_offload, save_distributed_checkpoint"):
+        VFMParallelStrategy(tensor_parallel=2)
+    with pytest.raises(TypeError, match="tensor_parallel"):
+        fdl.Config(VFMParallelStrategy, tensor_parallel=2)
 
 
 def test_every_field_is_documented():
@@ -34,10 +55,10 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
                             fsdp_reshard_after_forward=False)
     assert s.config.tensor_model_parallel_size == 2 and s.config.layout["tp"] == 2 and s.config.layout["sequence_parallel"]
     assert s.parallelize_kwargs == {
-        "activation_checkpointing": "full", "ac_every": 2, "compile": "auto", "fuse_qkv": True, "float8": None,
-        "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32", "attention_backend": "auto",
-        "reshard_after_forward": False, "factorized_cp": "hybrid", "factorized_cp_chunks": 1,
-        "cpu_offload": False}
+        "activation_checkpointing": "full", "activation_checkpointing_every": 2, "compile": "auto", "fuse_qkv": True,
+        "float8": None, "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32",
+        "attention_backend": "auto", "fsdp_reshard_after_forward": False, "factorized_context_parallel": "hybrid",
+        "factorized_context_parallel_chunks": 1, "cpu_offload": False}
 
 
 @pytest.mark.parametrize("kw, match", [

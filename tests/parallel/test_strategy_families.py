@@ -66,7 +66,7 @@ def test_a_knob_the_family_does_not_read_fails_naming_it():
         VFMParallelStrategy(factorized_context_parallel_chunks=2, context_parallel_size=2).family_knobs(
             family_spec(_config("wan")))
     knobs = VFMParallelStrategy(factorized_context_parallel_chunks=2, context_parallel_size=2).family_knobs(spec)
-    assert knobs["factorized_cp_chunks"] == 2
+    assert knobs["factorized_context_parallel_chunks"] == 2
 
 
 def test_stdit_head_groups_must_divide_the_heads_per_tp_rank():
@@ -75,9 +75,9 @@ def test_stdit_head_groups_must_divide_the_heads_per_tp_rank():
 
     cfg = _config("stdit")
     dims = ParallelDims(world_size=2, cp=2)
-    check_layout(cfg, dims, factorized_cp_chunks=cfg.num_heads)
+    check_layout(cfg, dims, factorized_context_parallel_chunks=cfg.num_heads)
     with pytest.raises(ValueError, match=r"factorized_context_parallel_chunks=3 must divide the \d+ attention heads"):
-        check_layout(cfg, dims, factorized_cp_chunks=3)
+        check_layout(cfg, dims, factorized_context_parallel_chunks=3)
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from torch import nn
 
 from nemo_vfm.models.common.attention import SDPACore
 from nemo_vfm.models.common.embeddings import apply_rope, patch_grid
+from nemo_vfm.models.common.init import init_linears_and_norms
 
 __all__ = ["CosmosConfig", "CosmosModel", "CosmosBlock", "CosmosFinalLayer"]
 
@@ -317,13 +318,7 @@ class CosmosModel(nn.Module):
 
             load_weights(self, self.cfg.pretrained)
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.RMSNorm):
-                nn.init.ones_(m.weight)
+        init_linears_and_norms(self)
         nn.init.zeros_(self.final_layer.linear.weight)
 
     def num_params(self) -> int:

@@ -79,7 +79,7 @@ def build_pipeline_stages(
     for s in range(rank, n, d.pp):
         stage = make_stage(model, layers[s], s == 0, s == n - 1, tok)
         # micro-batches reuse the gathered weights: no resharding after forward
-        SPEC.parallelize(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "reshard_after_forward": False})
+        SPEC.parallelize(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "fsdp_reshard_after_forward": False})
         stages.append(stage)
         ids.append(s)
     return stages, ids

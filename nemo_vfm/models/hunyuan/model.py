@@ -37,6 +37,7 @@ from torch import nn
 
 from nemo_vfm.models.common.attention import SDPACore
 from nemo_vfm.models.common.embeddings import apply_rope_interleaved, patch_grid
+from nemo_vfm.models.common.init import init_linears_and_norms
 from nemo_vfm.models.hunyuan.conditioning import (
     GlyphEmbedder,
     Mlp,
@@ -332,14 +333,7 @@ class HunyuanVideoModel(nn.Module):
 
             load_weights(self, self.cfg.pretrained)
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
-                nn.init.ones_(m.weight)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+        init_linears_and_norms(self)
         nn.init.xavier_uniform_(self.img_in.proj.weight.flatten(1))
         nn.init.zeros_(self.img_in.proj.bias)
         nn.init.normal_(self.cond_type_embedding.weight, std=0.02)

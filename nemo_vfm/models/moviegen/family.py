@@ -99,7 +99,7 @@ def build_pipeline_stages(model: nn.Module, pmesh: ParallelMesh, **parallelize_k
         stage._pp = {"first": s == 0, "last": s == n - 1, "layers": layers[s], "tok": tok, "grid": None}
         stage.forward = _stage_forward.__get__(stage)
         # micro-batches reuse the gathered weights: no resharding after forward
-        SPEC.parallelize(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "reshard_after_forward": False})
+        SPEC.parallelize(stage, pmesh, blocks_only=True, **{**parallelize_kwargs, "fsdp_reshard_after_forward": False})
         stages.append(stage)
         ids.append(s)
     return stages, ids

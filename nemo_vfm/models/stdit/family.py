@@ -4,7 +4,7 @@ parallelize` (the DiT's token split: ST-DiT blocks take the same arguments).
 Context parallel (the hybrid scheme): tokens are split over CP ranks in whole frames (layout
 ``[t/cp, h*w]``); spatial attention runs locally, temporal attention switches to ``[t, h*w/cp]``
 by all-to-all and runs locally, full attention (if any) runs on the ring
-(``nemo_vfm.parallel.hybrid_cp``). ``factorized_cp="ring"`` gives the plain-ring baseline.
+(``nemo_vfm.parallel.hybrid_cp``). ``factorized_context_parallel="ring"`` gives the plain-ring baseline.
 
 Not here: pipeline parallelism and packed batches under CP (both raise ``NotImplementedError``: the
 frame-wise CP split and its all-to-all layout switch assume one grid, packed segments have many).
@@ -42,18 +42,19 @@ TOKEN_SPLIT = TokenSplit(per_token_cond=("c", "shared_adaln"))  # the block argu
 
 
 def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | None = None,
-                 factorized_cp: str = "hybrid", factorized_cp_chunks: int = 1) -> None:
+                 factorized_context_parallel: str = "hybrid", factorized_context_parallel_chunks: int = 1) -> None:
     """Fail before building anything if ``cfg`` (an STDiTConfig) does not fit ``dims``.
 
     Under CP the frames must split evenly over the ranks (t % cp) and, for the hybrid scheme, the
-    tokens per frame too (h*w % cp); ``factorized_cp_chunks`` head groups divide the heads per TP rank.
+    tokens per frame too (h*w % cp); ``factorized_context_parallel_chunks`` head groups divide the heads per TP
+    rank.
     """
-    if factorized_cp not in MODES:
-        raise ValueError(f"factorized_cp must be one of {MODES}, got {factorized_cp!r}")
+    if factorized_context_parallel not in MODES:
+        raise ValueError(f"factorized_context_parallel must be one of {MODES}, got {factorized_context_parallel!r}")
     if dims.pp > 1:
         raise NotImplementedError("pipeline parallelism is not implemented for ST-DiT; use TP/CP/FSDP.")
-    if dims.cp > 1 and (cfg.num_heads // dims.tp) % factorized_cp_chunks:
-        raise ValueError(f"factorized_context_parallel_chunks={factorized_cp_chunks} must divide the "
+    if dims.cp > 1 and (cfg.num_heads // dims.tp) % factorized_context_parallel_chunks:
+        raise ValueError(f"factorized_context_parallel_chunks={factorized_context_parallel_chunks} must divide the "
                          f"{cfg.num_heads // dims.tp} attention heads per tensor-parallel rank.")
     tokens = None
     if latent_shape is not None:
@@ -63,27 +64,28 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
         if dims.cp > 1 and t % dims.cp:
             raise ValueError(f"ST-DiT context parallel splits whole frames: {t} latent frames (after patching) "
                              f"are not divisible by cp={dims.cp}; change the number of frames or cp.")
-        if dims.cp > 1 and factorized_cp == "hybrid" and hw % dims.cp:
+        if dims.cp > 1 and factorized_context_parallel == "hybrid" and hw % dims.cp:
             raise ValueError(f"hybrid context parallel needs tokens per frame ({hw}) divisible by cp={dims.cp}; "
-                             f"change the resolution, cp, or use factorized_cp='ring'.")
+                             f"change the resolution, cp, or use factorized_context_parallel='ring'.")
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens)
 
 
-def install_cp(blocks, pmesh: ParallelMesh, attention_backend: str, factorized_cp: str = "hybrid",
-               factorized_cp_chunks: int = 1) -> None:
+def install_cp(blocks, pmesh: ParallelMesh, attention_backend: str, factorized_context_parallel: str = "hybrid",
+               factorized_context_parallel_chunks: int = 1) -> None:
     """Context parallel for ST-DiT blocks: the factorized (spatial / temporal) cores by the hybrid all-to-all scheme
-    or the ring (``factorized_cp``), the full-attention core of the blocks that have one by the ring / all-to-all
-    core (``ParallelDims.cp_kind``)."""
+    or the ring (``factorized_context_parallel``), the full-attention core of the blocks that have one by the ring /
+    all-to-all core (``ParallelDims.cp_kind``)."""
     group = pmesh.group("cp")
-    replace_factorized_cores(blocks, group, factorized_cp, paths=FACTORIZED_CORES, backend=attention_backend,
-                             chunks=factorized_cp_chunks)
+    replace_factorized_cores(blocks, group, factorized_context_parallel, paths=FACTORIZED_CORES,
+                             backend=attention_backend, chunks=factorized_context_parallel_chunks)
     replace_cores([b for b in blocks if getattr(b, "has_full", False)], pmesh, attention_backend,
                   (FULL_ATTENTION_CORE,))
 
 
+_FACTORIZED = frozenset({"factorized_context_parallel", "factorized_context_parallel_chunks"})
 SPEC = FamilySpec(name="stdit", config=STDiTConfig, check_layout=check_layout,
-                  knobs=(DENSE_KNOBS - {"fuse_qkv"}) | {"factorized_cp", "factorized_cp_chunks"},
-                  layout_knobs=frozenset({"factorized_cp", "factorized_cp_chunks"}),
+                  knobs=(DENSE_KNOBS - {"fuse_qkv"}) | _FACTORIZED,
+                  layout_knobs=_FACTORIZED,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
                   pad_tokens=False, install_cp=install_cp, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
                   flops=stdit_forward_flops)

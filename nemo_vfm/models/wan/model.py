@@ -53,6 +53,7 @@ from nemo_vfm.models.common.embeddings import (
     sinusoidal_embedding,
     unpatchify,
 )
+from nemo_vfm.models.common.init import init_linears_and_norms
 from nemo_vfm.models.common.mlp import linear_gelu
 from nemo_vfm.models.wan.norms import WanLayerNorm, WanRMSNorm
 
@@ -129,6 +130,16 @@ class WanConfig:
         """Channels of ``cond_latents`` concatenated to the input (mask + image latents: Wan 2.1 I2V, and Wan 2.2
         I2V-A14B without CLIP tokens); 0 for T2V and TI2V."""
         return max(self.in_channels - self.out_channels, 0)
+
+    @property
+    def image_conditions(self) -> tuple[str | None, ...]:
+        """The ``vfm prepare image_condition=`` values this model trains on (None: data without ``cond_latents``;
+        checked by the data module before training): ``wan_i2v`` where it takes ``cond_latents`` only (Wan 2.2
+        I2V), either for Wan 2.1 I2V (it also needs CLIP ``image_embeds``, which ``vfm prepare`` does not store:
+        its model asks for them at the first step), None for T2V and TI2V."""
+        if self.is_i2v:
+            return (None, "wan_i2v")
+        return ("wan_i2v",) if self.cond_channels else (None,)
 
     def build(self, device: str | torch.device | None = None) -> "WanModel":
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated;
@@ -346,15 +357,7 @@ class WanModel(nn.Module):
         if self.cfg.pretrained:
             self.load_pretrained(self.cfg.pretrained)
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm) and m.weight is not None:
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, WanRMSNorm):
-                nn.init.ones_(m.weight)
+        init_linears_and_norms(self, (nn.LayerNorm, WanRMSNorm))
         nn.init.xavier_uniform_(self.patch_embedding.weight.flatten(1))
         nn.init.zeros_(self.patch_embedding.bias)
         for m in (*self.text_embedding, *self.time_embedding):
