@@ -159,7 +159,8 @@ def _devices(devices, rank: int):
 
 def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig | None = None, objective=None, optim=None,
           log: ExperimentConfig | None = None, sampling=None, ema_decay: float | None = 0.9999,
-          cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None) -> dict:
+          cond_dropout: float = 0.1, seed: int = 1234, init_from: str | None = None, lora=None,
+          distill=None) -> dict:
     """Train ``model`` (a config with ``.build()``) on ``data`` (a LightningDataModule with the members of
     :class:`~nemo_vfm.data.protocol.VideoDataModule`).
 
@@ -167,7 +168,9 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     from, as the staged recipes do with the previous stage's run and fine-tuning does with a base model; ignored
     when this run resumes its own checkpoint. Published weights (a Wan folder) load through the model config
     (``model.pretrained``). ``lora`` (a ``LoRAConfig``): adapters added to the network before it is parallelised;
-    only they train (the base weights come from ``init_from`` / ``model.pretrained``).
+    only they train (the base weights come from ``init_from`` / ``model.pretrained``). ``distill`` (a
+    ``DistillConfig``): DMD2 distillation of the network ``init_from`` / ``model.pretrained`` hold (the teacher) into
+    a few-step student (``nemo_vfm.lightning.distill_module``); previews sample the student.
     Returns a summary: the experiment folder, the last checkpoint, the final step and loss, and the
     sample files written.
 
@@ -179,11 +182,11 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     from nemo_vfm.diffusion.edm import EDM
     from nemo_vfm.inference.generate import SamplingConfig
     from nemo_vfm.io import run_lock
-    from nemo_vfm.lightning.module import DiffusionModule, OptimConfig
+    from nemo_vfm.lightning.module import OptimConfig
 
     trainer_cfg, objective, optim = trainer or TrainerConfig(), objective or EDM(), optim or OptimConfig()
     log, sampling = log or ExperimentConfig(), sampling or SamplingConfig()
-    _validate_inputs(model, data, init_from, objective)
+    _validate_inputs(model, data, init_from, objective, distill)
     rank = int(os.environ.get("RANK", "0"))
     if trainer_cfg.memory_budget_gb is not None:  # before anything is built: sets the chosen knobs on the configs
         from nemo_vfm.lightning.memory_budget import apply_memory_budget
@@ -197,18 +200,16 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         if rank == 0:
             _write_config(log.dir, {"model": model, "data": data, "trainer": trainer_cfg, "objective": objective,
                                     "optim": optim, "log": log, "sampling": sampling, "ema_decay": ema_decay,
-                                    "cond_dropout": cond_dropout, "seed": seed, "init_from": init_from, "lora": lora})
+                                    "cond_dropout": cond_dropout, "seed": seed, "init_from": init_from, "lora": lora,
+                                    "distill": distill})
         L.seed_everything(seed, workers=True, verbose=False)
         if data.missing_class_samples and resume is None:
             from nemo_vfm.inference.class_samples import draw_missing_class_samples
 
             draw_missing_class_samples(model, objective, data, init_from, sampling)
-        module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
-                                 lora=lora)
+        module, sampling = _module(model, data, objective, optim, ema_decay, cond_dropout, seed, lora, distill,
+                                   sampling)
         module.base_from_init = init_from is not None  # a LoRA base from init_from is saved (lora_checkpoint.py)
-        if data.tokenizer_spec is not None:  # what vfm generate rebuilds
-            module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
-                                            "latent_shape": list(data.latent_shape), "fps": data.fps}
         callbacks, samples = _callbacks(model, data, trainer_cfg, log.dir, sampling, init_from, resume)
         pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank)
         _fit(pl_trainer, module, data, resume, log, rank)
@@ -216,6 +217,29 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     finally:
         if lock is not None:
             lock.release()
+
+
+def _module(model, data, objective, optim, ema_decay, cond_dropout, seed, lora, distill, sampling):
+    """The LightningModule (DMD2's ``DistillationModule`` with ``distill``, whose previews sample the student) and
+    the sampling config of its previews; the checkpoint header's ``generation`` (what ``vfm generate`` rebuilds)."""
+    from nemo_vfm.lightning.module import DiffusionModule
+
+    if distill is None:
+        module = DiffusionModule(model, objective, optim, ema_decay=ema_decay, cond_dropout=cond_dropout, seed=seed,
+                                 lora=lora)
+    else:
+        from nemo_vfm.lightning.distill_module import DistillationModule, student_sampling
+
+        module = DistillationModule(model, objective, distill, optim, ema_decay=ema_decay, seed=seed, lora=lora)
+        sampling = student_sampling(sampling, module.dmd)
+    if data.tokenizer_spec is not None:
+        module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
+                                        "latent_shape": list(data.latent_shape), "fps": data.fps}
+        if distill is not None:  # vfm generate samples a student with its own schedule, without CFG
+            from nemo_vfm.lightning.distill_module import student_generation
+
+            module.hparams["generation"]["student"] = student_generation(module.dmd)
+    return module, sampling
 
 
 def _check_expert(model, objective) -> None:
@@ -229,7 +253,12 @@ def _check_expert(model, objective) -> None:
                          f"(ExpertFlowMatching with expert={mine!r}); {type(objective).__name__} draws all of them")
 
 
-def _validate_inputs(model, data, init_from, objective) -> None:
+def _validate_inputs(model, data, init_from, objective, distill=None) -> None:
+    if distill is not None:
+        distill.dmd(objective)  # every DMD2 knob checked before anything is built
+        if init_from is None and not getattr(model, "pretrained", None):
+            warnings.warn("distill: no teacher weights (init_from=None and no model.pretrained): the teacher, critic and "
+                          "student start from one random initialisation, which only measures speed", stacklevel=3)
     check_data_module(data)  # a custom data module lacking a member fails here, before anything is built
     if isinstance(data, MockLatentDataModule):
         data.take_model_shape(model)  # data=mock: unset channels / text width become the model's

@@ -19,8 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt", required=True, help="a step=N.ckpt file, a sharded folder, a .safetensors export or an "
                                                  "experiment folder (its newest checkpoint)")
     p.add_argument("--num", type=int, default=16, help="videos to sample and score")
-    p.add_argument("--steps", type=int, default=24, help="sampler steps")
-    p.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 = off)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 24; a distilled student: its own)")
+    p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 3; "
+                                                                "a distilled student: 1)")
     p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler"),
                    help="default: heun for EDM, flow-euler for flow matching")
     p.add_argument("--seed", type=int, default=0, help="seed of the captions and of the noise")
@@ -53,11 +54,11 @@ def run(args) -> int:
 def _run(args) -> int:
     import torch
 
+    from nemo_vfm.cli.generate import sampling_config
     from nemo_vfm.data.encoders import build_text_encoder, build_tokenizer
     from nemo_vfm.evaluation.shapes import format_table, score_videos
     from nemo_vfm.inference.checkpoint import load_checkpoint
-    from nemo_vfm.inference.generate import SamplingConfig, generate_videos, write_videos
-    from nemo_vfm.inference.sampling import check_sampler, default_sampler
+    from nemo_vfm.inference.generate import generate_videos, write_videos
 
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
@@ -67,12 +68,11 @@ def _run(args) -> int:
     if not gen:
         raise ValueError(f"{args.ckpt} does not record its tokenizer and text encoder (trained on mock latents?); "
                          "evaluate a checkpoint trained on the shapes data")
-    sampler = args.sampler or default_sampler(loaded.objective)
-    check_sampler(loaded.objective, sampler)
+    cfg = sampling_config(args, gen, loaded.objective, args.ckpt, default_steps=24, default_guidance=3.0)
+    sampler = cfg.sampler
     captions = vocabulary_captions(args.num, args.seed)
     tokenizer = build_tokenizer(gen["tokenizer"]["name"], **gen["tokenizer"]["kwargs"]).to(device).eval()
     text_encoder = build_text_encoder(gen["text_encoder"]["name"], **gen["text_encoder"]["kwargs"])
-    cfg = SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)
     print(f"evaluating {args.ckpt} (step {loaded.step}) on {args.num} captions: {sampler} x {args.steps} steps, "
           f"guidance {args.guidance}, {device}")
     videos = []

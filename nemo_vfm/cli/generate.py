@@ -33,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
-    p.add_argument("--steps", type=int, default=35, help="sampler steps")
-    p.add_argument("--guidance", type=float, default=5.0, help="classifier-free guidance scale (1 = off)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; a distilled student: its own)")
+    p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 5; "
+                                                                "a distilled student: 1)")
     p.add_argument("--guidance-2", type=float, default=None, help="Wan 2.2 A14B: the low-noise expert's guidance "
                                                                    "scale (default: --guidance)")
     p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler", "unipc"),
@@ -123,6 +124,36 @@ def check_args(args) -> None:
         raise ValueError(f"--out {out} is an existing file; give a folder to write the videos into")
 
 
+def sampling_config(args, generation, objective, source, default_steps: int = 35, default_guidance: float = 5.0):
+    """The ``SamplingConfig`` of a ``vfm generate`` / ``vfm evaluate`` call: the flags, else the checkpoint's
+    defaults (``args.steps`` and ``args.guidance`` are filled in). A distilled student (``generation["student"]``)
+    samples its own levels without CFG, and says so; flags that contradict that raise."""
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.inference.sampling import check_sampler, default_sampler
+
+    student = generation.get("student")
+    if student is None:
+        args.steps = default_steps if args.steps is None else args.steps
+        args.guidance = default_guidance if args.guidance is None else args.guidance
+        sampler = args.sampler or generation.get("sampler") or default_sampler(objective)
+        check_sampler(objective, sampler)
+        return SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)
+    levels = tuple(float(v) for v in student["levels"])
+    shown = [round(v, 4) for v in levels]
+    if args.steps not in (None, len(levels)):
+        raise ValueError(f"{source} is a {len(levels)}-step distilled student trained on noise levels {shown}: it "
+                         f"samples {len(levels)} steps; drop --steps or pass --steps {len(levels)}")
+    if args.guidance not in (None, 1.0):
+        raise ValueError(f"{source} is a distilled student: the teacher's guidance is folded into it, so it samples "
+                         "without classifier-free guidance; drop --guidance")
+    if args.sampler is not None:
+        raise ValueError(f"{source} is a distilled student: it samples with its own few-step schedule; drop --sampler")
+    args.steps, args.guidance = len(levels), 1.0
+    print(f"{source} is a {len(levels)}-step distilled student ({student.get('method', 'dmd2')}): sampling its noise "
+          f"levels {shown}, no CFG")
+    return SamplingConfig(num_steps=len(levels), guidance=1.0, sampler="few-step", seed=args.seed, levels=levels)
+
+
 def _thw(flag: str, text: str) -> tuple[int, int, int]:
     parts = text.lower().split("x")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -192,9 +223,9 @@ def _run(args) -> int:
     from nemo_vfm.inference.cp_engine import InferenceEngine
     from nemo_vfm.inference.distributed import InferenceLayout, check_model_layout, init_distributed
     from nemo_vfm.inference.families import generation_of
-    from nemo_vfm.inference.generate import SamplingConfig, write_videos
+    from nemo_vfm.inference.generate import write_videos
     from nemo_vfm.inference.generation import SampleContext
-    from nemo_vfm.inference.sampling import check_objective, check_sampler, default_sampler
+    from nemo_vfm.inference.sampling import check_objective
     from nemo_vfm.inference.sizes import check_memory, latent_size
 
     trust = getattr(args, "trust_pickle", False)
@@ -239,9 +270,8 @@ def _run(args) -> int:
         if not hasattr(info.objective, "shift"):
             raise ValueError("--flow-shift applies to flow-matching checkpoints; drop it")
         info.objective = dataclasses.replace(info.objective, shift=args.flow_shift)
-    sampler = args.sampler or gen.get("sampler") or default_sampler(info.objective)
-    check_sampler(info.objective, sampler)
-    cfg = SamplingConfig(num_steps=args.steps, guidance=args.guidance, sampler=sampler, seed=args.seed)
+    cfg = sampling_config(args, gen, info.objective, info.path)
+    sampler = cfg.sampler
     started = dist.is_initialized()
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     layout = InferenceLayout.for_world(world_env, cp=args.cp, tp=args.tp, cfg_parallel=args.cfg_parallel,

@@ -21,7 +21,8 @@ class Generation(Mapping):
     ``latent_shape``: ``(C, t, h, w)`` of the trained size; ``fps``; ``sampler``, ``negative_prompt``, ``guidance``:
     the release's defaults; conditioning inputs: ``image_encoder`` (a folder, or ``{"path"}``), ``experts``
     (``{"boundary"}``: a second, low-noise network), ``glyph_encoder`` (``{"path"}``: ByT5), ``target_size`` and
-    ``spatial`` (HunyuanVideo's size buckets)."""
+    ``spatial`` (HunyuanVideo's size buckets); ``student``: a distilled few-step generator's ``{"method", "num_steps",
+    "levels"}`` (sampled on its levels, without CFG)."""
 
     tokenizer: dict | None = None
     text_encoder: dict | None = None
@@ -35,6 +36,7 @@ class Generation(Mapping):
     glyph_encoder: dict | None = None
     target_size: int | None = None
     spatial: int | None = None
+    student: dict | None = None
     present: frozenset = field(default=frozenset(), repr=False)  # the entries it has (default: those not None)
 
     def __post_init__(self):

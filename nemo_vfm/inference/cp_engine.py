@@ -209,7 +209,7 @@ class InferenceEngine:
             return sample_latents(self.net, self.objective, (n, *latent_shape), cond, uncond,
                                   guidance=sampling.guidance, num_steps=sampling.num_steps, sampler=sampling.sampler,
                                   seed=sampling.seed, device=self.device, dtype=self.dtype, cfg_group=self.cfg_group,
-                                  progress=progress and self.rank == 0)
+                                  progress=progress and self.rank == 0, levels=sampling.levels)
         finally:
             clear_text_cache(self.net)
 

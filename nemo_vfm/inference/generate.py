@@ -16,11 +16,12 @@ class SamplingConfig:
 
     num_steps: int = 35
     guidance: float = 5.0
-    sampler: str = "heun"  # EDM: heun | euler | res; flow matching: euler (= flow-euler) | unipc
+    sampler: str = "heun"  # EDM: heun | euler | res; flow matching: euler (= flow-euler) | unipc; few-step: a student
     seed: int = 0
     num_samples: int = 4  # previews during training: the first N captions of the dataset
     every_n_steps: int = 0  # previews during training (0 = only at the end)
     enabled: bool = True
+    levels: tuple[float, ...] | None = None  # few-step: the student's noise levels (num_steps of them)
 
     def __post_init__(self):
         if self.num_steps < 1:
@@ -29,6 +30,12 @@ class SamplingConfig:
 
         if self.sampler not in SAMPLERS:
             raise ValueError(f"SamplingConfig.sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if (self.sampler == "few-step") != (self.levels is not None):
+            raise ValueError("SamplingConfig.levels (a distilled student's noise levels) go with sampler='few-step' "
+                             f"and only with it; got sampler={self.sampler!r}, levels={self.levels}")
+        if self.levels is not None and len(self.levels) != self.num_steps:
+            raise ValueError(f"SamplingConfig: the student samples {len(self.levels)} steps (its levels), but "
+                             f"num_steps={self.num_steps}; set num_steps={len(self.levels)}")
 
 
 @torch.no_grad()
@@ -46,7 +53,7 @@ def generate_latents(net, objective, latent_shape, cond: dict, uncond: dict | No
     try:
         return sample_latents(net, objective, (n, *latent_shape), cond, uncond, guidance=cfg.guidance,
                               num_steps=cfg.num_steps, sampler=cfg.sampler, seed=cfg.seed, device=device,
-                              progress=progress)
+                              progress=progress, levels=cfg.levels)
     finally:
         net.train(was_training)
 

@@ -20,9 +20,10 @@ import torch
 
 from nemo_vfm.diffusion import samplers
 
-SAMPLERS = ("heun", "euler", "res", "flow-euler", "unipc")
-EDM_SAMPLERS = ("heun", "euler", "res")
-FLOW_SAMPLERS = ("euler", "flow-euler", "unipc")  # euler = flow-euler; unipc: diffusers' Wan scheduler
+SAMPLERS = ("heun", "euler", "res", "flow-euler", "unipc", "few-step")
+EDM_SAMPLERS = ("heun", "euler", "res", "few-step")
+FLOW_SAMPLERS = ("euler", "flow-euler", "unipc", "few-step")  # euler = flow-euler; unipc: diffusers' Wan scheduler
+# few-step: a distilled student's own schedule (its levels), re-noised between steps (samplers.few_step)
 
 
 def is_flow(objective) -> bool:
@@ -114,10 +115,13 @@ def initial_noise(shape, seed: int, device=None) -> torch.Tensor:
 
 @torch.no_grad()
 def solve(objective, fn, noise: torch.Tensor, sampler: str, num_steps: int, progress: bool = False,
-          rho: float = 7.0) -> torch.Tensor:
-    """Integrate ``fn(x, t) -> prediction`` from ``noise`` (unit Gaussian) to clean latents."""
+          rho: float = 7.0, levels=None, seed: int = 0) -> torch.Tensor:
+    """Integrate ``fn(x, t) -> prediction`` from ``noise`` (unit Gaussian) to clean latents; ``few-step`` runs a
+    distilled student on its ``levels`` with fresh noise from ``seed + 1`` (``DMD2.sample``'s draws)."""
     check_sampler(objective, sampler)
     device = noise.device
+    if sampler == "few-step":
+        return _few_step(objective, fn, noise, levels, seed, progress)
     if is_flow(objective) and sampler == "unipc":
         own = getattr(objective, "unipc_schedule", None)  # an objective whose pipeline uses other sigmas (Cosmos)
         sigmas, times = own(num_steps) if own else samplers.flow_unipc_schedule(num_steps, objective.shift)
@@ -131,10 +135,24 @@ def solve(objective, fn, noise: torch.Tensor, sampler: str, num_steps: int, prog
     return step(fn, noise * hi, sigmas, progress=progress)
 
 
+def _few_step(objective, fn, noise: torch.Tensor, levels, seed: int, progress: bool) -> torch.Tensor:
+    from nemo_vfm.diffusion.distillation import add_noise
+    from nemo_vfm.diffusion.training import bcast
+
+    if not levels:
+        raise ValueError("the few-step sampler needs the student's noise levels (a distilled checkpoint records them)")
+    lv = torch.tensor([float(v) for v in levels], dtype=torch.float32, device=noise.device)
+    x0_of = (lambda x, t: x - bcast(t, x) * fn(x, t)) if is_flow(objective) else fn  # flow: fn is the velocity
+    renoise = lambda x0, n, t: add_noise(objective, x0, n, t)  # noqa: E731
+    x = renoise(torch.zeros_like(noise), noise, lv[:1].expand(noise.shape[0]))
+    g = torch.Generator(device=noise.device).manual_seed(seed + 1)
+    return samplers.few_step(x0_of, renoise, x, lv, g, progress)
+
+
 @torch.no_grad()
 def sample_latents(net, objective, shape, cond: dict, uncond: dict | None, *, guidance: float, num_steps: int,
                    sampler: str, seed: int, device=None, dtype: torch.dtype | None = None, cfg_group=None,
-                   progress: bool = False) -> torch.Tensor:
+                   progress: bool = False, levels=None) -> torch.Tensor:
     """``(N, C, t, h, w)`` float32 latents for the N conditions in ``cond`` (``shape`` is the full size).
 
     Under context/tensor parallelism ``net`` is the parallelised network: it takes and returns full
@@ -145,4 +163,4 @@ def sample_latents(net, objective, shape, cond: dict, uncond: dict | None, *, gu
         cond, uncond = (None if c is None else {k: (v.to(dtype) if k == "context" and torch.is_tensor(v) else v)
                                                 for k, v in c.items()} for c in (cond, uncond))
     fn = guided_predictor(predictor(objective, net, dtype), cond, uncond, guidance, cfg_group)
-    return solve(objective, fn, noise, sampler, num_steps, progress=progress)
+    return solve(objective, fn, noise, sampler, num_steps, progress=progress, levels=levels, seed=seed)

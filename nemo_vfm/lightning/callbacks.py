@@ -236,8 +236,9 @@ class SampleVideos(StepEndCallback):
 
 
 class InitFrom(L.Callback):
-    """Start from another run's weights (the previous stage of a staged recipe): model and EMA, loaded into the
-    parallelised network before the first step; optimizer state, step and schedule start fresh."""
+    """Start from another run's weights (the previous stage of a staged recipe): the module's networks
+    (``init_targets()``: model and EMA; DMD2's student, teacher and critic), loaded into the parallelised networks
+    before the first step; optimizer state, step and schedule start fresh."""
 
     def __init__(self, path: str):
         self.path = path
@@ -250,8 +251,7 @@ class InitFrom(L.Callback):
             raise NotImplementedError("init_from under pipeline parallelism is not supported; initialise without PP "
                                       "and resume that run's checkpoint with PP (checkpoints move between layouts).")
         info = read_checkpoint_info(self.path)
-        load_weights(pl_module.model, info, use_ema=False)
-        if pl_module.ema is not None:
-            load_weights(pl_module.ema, info, use_ema=True)
+        for net, use_ema in pl_module.init_targets():
+            load_weights(net, info, use_ema=use_ema)
         if trainer.global_rank == 0:
             print(f"initialised from {info.path} (step {info.step})")

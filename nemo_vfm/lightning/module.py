@@ -126,22 +126,38 @@ class DiffusionModule(L.LightningModule):
             if missing:
                 raise TypeError(f"pipeline parallelism needs an objective with {missing} (as EDM and FlowMatching "
                                 f"have); {type(self.objective).__name__} has not.")
+        self.model = self.with_lora(self.build_network())
+        self.ema = self.ema_copy()
+
+    def build_network(self) -> torch.nn.Module:
+        """The network, unallocated (meta) where the strategy fills the laid-out network itself
+        (``VFMParallelStrategy.builds_meta``): streamed pretrained weights, adapters included, or rank 0's network
+        on the other ranks."""
         strategy = self._trainer.strategy if self._trainer is not None else None
-        # Built unallocated where the strategy fills the laid-out network itself (VFMParallelStrategy.builds_meta):
-        # streamed pretrained weights, adapters included, or rank 0's network on the other ranks.
         meta = bool(getattr(strategy, "builds_meta", lambda cfg: False)(self.model_config))
-        self.model = self.model_config.build("meta") if meta else self.model_config.build()
+        return self.model_config.build("meta") if meta else self.model_config.build()
+
+    def with_lora(self, net: torch.nn.Module) -> torch.nn.Module:
+        """``net`` with this run's LoRA adapters (none without ``lora``), seeded by path: the same adapters as a
+        streamed (meta) build in any layout."""
         if self.lora is not None:
             from nemo_vfm.models.common.lora import apply_lora, init_lora_weights
 
-            apply_lora(self.model, self.lora)
-            if not meta:  # seeded by path: the same adapters as a streamed (meta) build in any layout
-                init_lora_weights(self.model, self.seed)
-        if self.ema_decay:  # under VFMParallelStrategy a meta copy, filled with the model's shards once laid out
-            from nemo_vfm.parallel.materialize import meta_copy
+            apply_lora(net, self.lora)
+            if not any(p.is_meta for p in net.parameters()):
+                init_lora_weights(net, self.seed)
+        return net
 
-            lazy = meta or getattr(strategy, "fills_ema", False)
-            self.ema = (meta_copy(self.model) if lazy else copy.deepcopy(self.model)).requires_grad_(False)
+    def ema_copy(self) -> torch.nn.Module | None:
+        """The EMA copy of ``model`` (None without ``ema_decay``): under VFMParallelStrategy a meta copy, filled with
+        the model's shards once laid out."""
+        if not self.ema_decay:
+            return None
+        from nemo_vfm.parallel.materialize import meta_copy
+
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        lazy = any(p.is_meta for p in self.model.parameters()) or getattr(strategy, "fills_ema", False)
+        return (meta_copy(self.model) if lazy else copy.deepcopy(self.model)).requires_grad_(False)
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
@@ -181,6 +197,25 @@ class DiffusionModule(L.LightningModule):
         (seeded by the data-parallel rank)."""
         dp_rank = getattr(self.trainer.strategy, "data_parallel_rank", self.global_rank)
         return step_generator(self.seed, self.global_step, dp_rank, device, micro_batch)
+
+    def init_targets(self) -> list[tuple[torch.nn.Module, bool]]:
+        """``(network, use_ema)`` pairs that ``init_from`` fills: the network from the checkpoint's weights, its EMA
+        from the checkpoint's EMA."""
+        return [(self.model, False)] + ([(self.ema, True)] if self.ema is not None else [])
+
+    def network_groups(self) -> list[list[torch.nn.Module]]:
+        """The trained networks, in groups that ``train_step`` clips by their own gradient norm: here one group
+        (the network, or this rank's pipeline stages)."""
+        from nemo_vfm.parallel.pipeline import StageList
+
+        return [list(self.model) if isinstance(self.model, StageList) else [self.model]]
+
+    def forward_backward(self, batch, micro_batch: int, backward) -> tuple[torch.Tensor, dict, int]:
+        """Forward and ``backward(loss)`` of one micro-batch (``train_step`` passes ``backward``); returns the loss,
+        its logs and the batch size (:meth:`forward_loss`)."""
+        loss, logs, batch_size = self.forward_loss(batch, micro_batch)
+        backward(loss)
+        return loss, logs, batch_size
 
     def forward_loss(self, batch, micro_batch: int) -> tuple[torch.Tensor, dict, int]:
         """The loss of one micro-batch (the objective's, plus the MoE load-balancing term), its logs and its batch
@@ -290,16 +325,25 @@ class DiffusionModule(L.LightningModule):
         pairs = [(e, m.detach()) for e, m in zip(self.ema.parameters(), self.model.parameters()) if m.requires_grad]
         lerp_local_([e for e, _ in pairs], [m for _, m in pairs], 1 - decay)  # on local shards
 
-    def configure_optimizers(self):
+    def param_groups(self, net: torch.nn.Module, **extra) -> list[dict]:
+        """The optimizer's groups for ``net``'s trainable parameters: weight decay on matrices, none on vectors
+        and embeddings; ``extra`` entries (e.g. ``lr``) in each group."""
         decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
+        for name, p in net.named_parameters():
             if not p.requires_grad:
                 continue
             (no_decay if p.dim() < 2 or "embed" in name else decay).append(p)
+        return [{**g, **extra} for g in ({"params": decay, "weight_decay": self.optim.weight_decay},
+                                         {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+
+    def optimizer_groups(self) -> list[dict]:
+        """The optimizer's parameter groups: the network's (:meth:`param_groups`)."""
+        return self.param_groups(self.model)
+
+    def configure_optimizers(self):
         # Groups may mix DTensors and plain tensors (TP without FSDP): AdamW runs on local shards, AdamW8bit per
         # parameter. So the groups, and an optimizer checkpoint's, are the same under every layout.
-        groups = [g for g in ({"params": decay, "weight_decay": self.optim.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        groups = self.optimizer_groups()
         fused = self.optim.fused if self.optim.fused is not None else torch.cuda.is_available()
         fused = fused and self.optim.name == "adamw"  # AdamW8bit has no fused kernel (OptimConfig refuses fused=True)
         if fused and self.trainer.gradient_clip_val and getattr(self.trainer.precision_plugin, "scaler", None):

@@ -194,6 +194,8 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
             ema = getattr(module, "ema", None)
             if ema is not None:  # same layout, so that the EMA update is element-wise on local shards
                 self._parallelize(ema, source=net)
+            for other in getattr(module, "extra_networks", dict)().values():  # DMD2's teacher and critic
+                self._parallelize(other)
         super().setup(trainer)
         if self.pipeline_parallel:  # after Lightning has moved the stages to the device
             from nemo_vfm.parallel.pipeline import PipelineRunner
@@ -201,7 +203,8 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
             self.pipeline = PipelineRunner(list(module.model), self._stage_ids, self.parallel_mesh,
                                            device=self.root_device, pp_duplicated=self.spec.pp_duplicated)
             self._runners = {}  # batch shape -> runner: a schedule's P2P buffers are sized at its first step
-        self._setup_grad_reducer(module.model)
+        if not getattr(module, "extra_networks", dict)():  # DMD2 trains two networks: sync_grads reduces both
+            self._setup_grad_reducer(module.model)
         if self.world_size > 1:
             from nemo_vfm.lightning.sigterm import install_host_sigterm_check
 

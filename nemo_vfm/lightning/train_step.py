@@ -6,6 +6,10 @@ what is around the step: the data loader and its resumable state, ``global_step`
 batches (micro-batches): the first zeroes the gradients, each runs its forward and backward, and the last (or the
 epoch's last batch) completes the step. ``Trainer(gradient_clip_val=, gradient_clip_algorithm=)`` set the clipping.
 
+The module supplies the parts: ``forward_backward`` (the loss of a micro-batch, and ``backward`` on it; DMD2's
+``DistillationModule`` runs two: the generator's, then the critic's) and ``network_groups`` (the trained networks,
+each group clipped by its own norm: the network, or DMD2's student and critic).
+
 The non-finite decision: a NaN/Inf loss in any micro-batch, or a NaN/Inf gradient norm, drops the whole update, the
 same on every rank. The fused AdamW takes the clipping and the decision as device tensors (``grad_scale`` and
 ``found_inf``, as ``torch.amp.GradScaler`` passes them), so nothing waits for the device; other optimizers get their
@@ -29,12 +33,14 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 def train_step(module, batch, batch_idx: int) -> torch.Tensor:
     """Run this batch's part of an optimizer step (all of it without accumulation); returns its loss."""
     from nemo_vfm.parallel.grads import scale_grads_, sync_grads
-    from nemo_vfm.parallel.pipeline import StageList
 
     trainer, strategy = module.trainer, module.trainer.strategy
     optimizer, scheduler = module.optimizers(), module.lr_schedulers()  # Lightning's wrapper (it counts the steps)
     opt = optimizer.optimizer  # the optimizer itself: the fused AdamW reads grad_scale / found_inf from it
-    nets = list(module.model) if isinstance(module.model, StageList) else [module.model]
+    # the trained networks, in groups that are clipped by their own norm: one group (the model, or this rank's
+    # pipeline stages), or DMD2's student and critic (DistillationModule)
+    groups = module.network_groups()
+    nets = [net for group in groups for net in group]
     mesh, spec = getattr(strategy, "parallel_mesh", None), getattr(strategy, "spec", None)  # VFMParallelStrategy
     pipeline, reducer = getattr(strategy, "pipeline", None), getattr(strategy, "grad_reducer", None)
     scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed: the loss scaler
@@ -52,14 +58,17 @@ def train_step(module, batch, batch_idx: int) -> torch.Tensor:
         loss, logs, batch_size = module.pipeline_forward_backward(batch, micro)
         backward_loss = loss
     else:
-        loss, logs, batch_size = module.forward_loss(batch, micro)
-        backward_loss = loss / n  # the step's gradient is the mean over its micro-batches
         if reducer is not None:  # plain data parallel: the last backward averages the gradients in buckets
             reducer.enabled = last
         accumulating = not last and isinstance(strategy, ParallelStrategy)  # e.g. DDP: no reduction until the last
-        with strategy.block_backward_sync() if accumulating else nullcontext(), \
-                torch.autocast(strategy.root_device.type, enabled=False):  # backward outside autocast
-            module.manual_backward(backward_loss)  # the loss scaler (16-mixed) and backward callbacks apply
+
+        def backward(part: torch.Tensor) -> None:  # one loss's backward (DMD2 has two: generator, then critic)
+            with strategy.block_backward_sync() if accumulating else nullcontext(), \
+                    torch.autocast(strategy.root_device.type, enabled=False):  # backward outside autocast
+                module.manual_backward(part / n)  # the step's gradient is the mean over its micro-batches
+
+        loss, logs, batch_size = module.forward_backward(batch, micro, backward)
+        backward_loss = loss / n
     module.log_micro_batch(loss, logs, batch_size, micro)
     loss_bad = ~torch.isfinite(loss.detach())
     module.step_loss_bad = loss_bad if module.step_loss_bad is None else module.step_loss_bad | loss_bad
@@ -76,12 +85,15 @@ def train_step(module, batch, batch_idx: int) -> torch.Tensor:
         for net in nets:
             sync_grads(net, mesh, tp_partial=spec.tp_partial, reduce_dp=reducer is None)
 
-    # 4. gradient norm (mesh-wide) -> non-finite decision (the same on every rank) -> clipping
+    # 4. gradient norm (mesh-wide, per group) -> non-finite decision (the same on every rank) -> clipping
     with torch.no_grad():
-        norm = _grad_norm(nets, mesh, spec.pp_duplicated if spec is not None else ())
+        norms = [_grad_norm(group, mesh, spec.pp_duplicated if spec is not None else ()) for group in groups]
         if scaler is not None:  # the gradients are still scaled: their norm too (16-mixed)
-            norm = norm / scaler.scale(torch.ones((), device=norm.device))
-        bad = torch.zeros((), dtype=torch.bool, device=norm.device) if scaler is not None else ~torch.isfinite(norm)
+            norms = [norm / scaler.scale(torch.ones((), device=norm.device)) for norm in norms]
+        norm = norms[0]
+        bad = torch.zeros((), dtype=torch.bool, device=norm.device)
+        if scaler is None:
+            bad = ~torch.isfinite(torch.stack(norms)).all()
         flag = module.step_loss_bad.to(device=norm.device, dtype=torch.float32)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the norm is mesh-wide already; a loss is per rank
@@ -91,10 +103,11 @@ def train_step(module, batch, batch_idx: int) -> torch.Tensor:
         if clip_val and clip_algorithm not in (None, "norm"):
             limit = float(clip_val) if scaler is None else float(clip_val) * scaler.scale(torch.ones(()).to(norm))
             _clip_grad_value(nets, limit)
-        elif clip_val and fused:  # the fused kernel divides by grad_scale: no pass over the gradients here
+        elif clip_val and fused and len(groups) == 1:  # the fused kernel divides by grad_scale: no pass here
             opt.grad_scale = torch.clamp((norm + 1e-6) / float(clip_val), min=1.0)
-        elif clip_val:
-            scale_grads_(nets, torch.clamp(float(clip_val) / (norm + 1e-6), max=1.0))
+        elif clip_val:  # each group by its own norm
+            for group, group_norm in zip(groups, norms):
+                scale_grads_(group, torch.clamp(float(clip_val) / (group_norm + 1e-6), max=1.0))
         if fused:
             opt.found_inf = bad.to(torch.float32)  # the fused kernel skips the whole update on the device
         elif scaler is None and bool(bad):  # a host read (the fused path has none); 16-mixed: the scaler skips

@@ -1,0 +1,155 @@
+"""DMD2 distillation as a LightningModule: a few-step student trained against a frozen teacher and a critic.
+
+``DistillationModule`` is a :class:`~nemo_vfm.lightning.module.DiffusionModule` whose ``model`` is the
+*student* (so its EMA, checkpoints' ``model.`` / ``ema.`` weights, ``vfm generate`` and ``vfm export`` are the
+student's) with two more networks of the same config: the frozen ``teacher`` (real score) and the trainable
+``critic`` (fake score). All three start from the same weights: the config's published weights
+(``model.pretrained``, streamed into each), ``init_from`` (a checkpoint: its EMA weights when it has them), or the
+student's own initialisation. The strategy lays out all three alike (FSDP2, TP, CP; pipeline parallelism is
+refused). One optimizer holds the student's and the critic's parameters in separate groups (the critic's at
+``DistillConfig.critic_lr``); ``train_step`` clips each network by its own norm and steps once per batch, so
+``global_step`` counts critic updates. The objective itself is :class:`~nemo_vfm.diffusion.distillation.DMD2`.
+
+One micro-batch (:meth:`DistillationModule.forward_backward`)::
+
+    k = dmd.pick_step(shared)                 # the same student step on every rank
+    on the generator's steps (every generator_update_every-th):
+        x0 = dmd.generate(student, noise, cond, k)       # backward simulation, last pass with grad
+        backward(dmd.generator_loss(x0, teacher, critic, cond, uncond))
+    else: x0 = the same, without grad
+    backward(dmd.critic_loss(critic, x0.detach(), cond))
+
+The student's schedule (``generation["student"]``: its noise levels) is saved in every checkpoint's header, so
+``vfm generate`` samples a student with its own few-step schedule and no CFG.
+"""
+
+
+import copy
+from dataclasses import dataclass, fields
+
+import torch
+
+from nemo_vfm.diffusion.conditioning import null_condition
+from nemo_vfm.lightning.module import COND_KEYS, DiffusionModule
+
+
+@dataclass(kw_only=True)
+class DistillConfig:
+    """DMD2's knobs (:class:`~nemo_vfm.diffusion.distillation.DMD2`, whose ``objective`` is the run's) and the
+    critic's learning rate (``None``: the optimizer's ``lr``)."""
+
+    num_steps: int = 4
+    levels: tuple[float, ...] | None = None
+    teacher_guidance: float = 5.0
+    level_range: tuple[float, float] = (0.02, 0.98)
+    generator_update_every: int = 5
+    gan_weight: float = 0.0
+    rho: float = 7.0
+    critic_lr: float | None = None
+
+    def __post_init__(self):
+        if self.critic_lr is not None and not self.critic_lr > 0:
+            raise ValueError(f"DistillConfig.critic_lr must be > 0 (or None: the optimizer's lr), got {self.critic_lr}")
+
+    def dmd(self, objective):
+        """The DMD2 objective over the teacher's ``objective`` (validates every knob)."""
+        from nemo_vfm.diffusion.distillation import DMD2
+
+        return DMD2(objective=objective, **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "critic_lr"})
+
+
+def student_generation(dmd) -> dict:
+    """What a checkpoint records about its student (``generation["student"]``): method, steps, noise levels."""
+    return {"method": "dmd2", "num_steps": dmd.num_steps, "levels": [float(v) for v in dmd.schedule()]}
+
+
+def student_sampling(sampling, dmd):
+    """``sampling`` (a ``SamplingConfig``) drawing the student's way: its levels, no CFG."""
+    from dataclasses import replace
+
+    levels = student_generation(dmd)["levels"]
+    return replace(sampling, sampler="few-step", levels=tuple(levels), num_steps=len(levels), guidance=1.0)
+
+
+class DistillationModule(DiffusionModule):
+    """The student (``model``, with EMA and optional LoRA), the frozen ``teacher`` and the ``critic`` (with the
+    student's LoRA adapters when ``lora`` is set, else full weights), trained with DMD2 (``distill``)."""
+
+    def __init__(self, model_config, objective, distill: DistillConfig, optim=None, ema_decay: float | None = 0.9999,
+                 seed: int = 0, lora=None):
+        super().__init__(model_config, objective, optim, ema_decay=ema_decay, cond_dropout=0.0, seed=seed, lora=lora)
+        self.distill, self.dmd = distill, distill.dmd(objective)
+        self.teacher: torch.nn.Module | None = None
+        self.critic: torch.nn.Module | None = None
+        self.hparams["distill"] = distill
+
+    def configure_model(self):
+        """Teacher, critic and student from one build (meta where the strategy fills them): the teacher a frozen
+        copy, the critic and the student copies with this run's LoRA adapters, the student's EMA."""
+        if self.model is not None:
+            return
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if getattr(strategy, "pipeline_parallel", False):
+            raise NotImplementedError("DMD2 distillation under pipeline parallelism is not built; use FSDP, TP or CP "
+                                      "(trainer.strategy.pipeline_model_parallel_size=1)")
+        base = self.build_network()
+        self.teacher = copy.deepcopy(base).requires_grad_(False)
+        self.critic = self.with_lora(copy.deepcopy(base))
+        self.model = self.with_lora(base)
+        self.ema = self.ema_copy()
+
+    def extra_networks(self) -> dict[str, torch.nn.Module]:
+        """The networks the strategy lays out besides ``model`` and ``ema``."""
+        return {"teacher": self.teacher, "critic": self.critic}
+
+    def init_targets(self) -> list[tuple[torch.nn.Module, bool]]:
+        """``init_from`` fills every network with the checkpoint's EMA weights (its raw ones when it has none)."""
+        return [(net, True) for net in (self.model, self.ema, self.teacher, self.critic) if net is not None]
+
+    def network_groups(self) -> list[list[torch.nn.Module]]:
+        return [[self.model], [self.critic]]
+
+    def optimizer_groups(self) -> list[dict]:
+        """The student's groups, then the critic's (at ``distill.critic_lr`` when set)."""
+        critic_lr = {} if self.distill.critic_lr is None else {"lr": self.distill.critic_lr}
+        return self.param_groups(self.model) + self.param_groups(self.critic, **critic_lr)
+
+    def _shared_generator(self, micro_batch: int) -> torch.Generator:
+        """Seeded by step and micro-batch only: every rank picks the same student step (same number of passes)."""
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.global_step) * 131 + micro_batch)
+
+    def forward_backward(self, batch, micro_batch: int, backward) -> tuple[torch.Tensor, dict, int]:
+        """One micro-batch of DMD2 (module docstring): the generator's loss and backward on its steps, then the
+        critic's; returns their sum (logged as ``loss``), the logs and the batch size."""
+        if hasattr(batch, "cu_seqlens"):
+            raise NotImplementedError("DMD2 distillation on packed (THD) batches is not built; set "
+                                      "data.max_seq_length=None")
+        real = batch["latents"]  # only its shape and the conditions are used: the student makes the samples
+        g = self.step_generator(real.device, micro_batch)
+        cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
+        uncond = null_condition(cond, self.num_classes) if self.dmd.teacher_guidance != 1.0 else None
+        k = self.dmd.pick_step(self._shared_generator(micro_batch))
+        noise = torch.randn(real.shape, generator=g, device=real.device, dtype=real.dtype)
+        logs = {"student_step": torch.tensor(float(k), device=real.device)}
+        generator_turn = self.dmd.updates_generator(self.global_step)
+        with torch.enable_grad() if generator_turn else torch.no_grad():
+            x0 = self.dmd.generate(self.model, noise, cond, k, g)
+        loss = torch.zeros((), device=real.device)
+        if generator_turn:
+            gen_loss, gen_logs = self.dmd.generator_loss(x0, self.teacher, self.critic, cond, uncond, g)
+            backward(gen_loss)
+            loss, logs = gen_loss.detach(), {**logs, **gen_logs, "generator_loss": gen_loss.detach()}
+        critic_loss, critic_logs = self.dmd.critic_loss(self.critic, x0, cond, batch.get("loss_mask"), g)
+        backward(critic_loss)
+        logs.update({f"critic_{name}": v for name, v in critic_logs.items()}, critic_loss=critic_loss.detach())
+        return loss + critic_loss.detach(), logs, real.shape[0]
+
+    def forward_loss(self, batch, micro_batch: int):
+        raise NotImplementedError("DistillationModule computes two losses with a backward each: use forward_backward")
+
+    @torch.no_grad()
+    def update_ema(self, step: int) -> None:
+        """The student's EMA moves on the steps that updated the student (``step`` is 1-based)."""
+        if self.dmd.updates_generator(step - 1):
+            super().update_ema(step)
+

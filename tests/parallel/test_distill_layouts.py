@@ -1,0 +1,82 @@
+"""DMD2 distillation (``nemo_vfm.lightning.distill_module``) through ``train()`` on 2 gloo processes trains like one
+process: the student's and the critic's weights after 4 steps (two of them updating the student), under FSDP2 with
+CP2 (ring and all-to-all) and TP2 with sequence parallel; the teacher never moves."""
+
+import pytest
+from gloo_launcher import run_distributed
+
+LAYOUTS = {
+    "CP2 ring + FSDP": dict(context_parallel_size=2),
+    "CP2 all-to-all": dict(context_parallel_size=2, context_parallel_kind="a2a", fsdp=False),
+    "TP2 + SP": dict(tensor_model_parallel_size=2, sequence_parallel=True),
+}
+
+
+def _distil(rank, world, root, layouts):
+    import lightning as L
+    from torch.distributed.tensor import DTensor
+
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.diffusion.flow_matching import FlowMatching
+    from nemo_vfm.lightning.distill_module import DistillConfig
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.models.dit.model import DiTConfig
+    from nemo_vfm.parallel.grads import clean_name
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    full = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+    out = {}
+    for name, kw in layouts.items():
+        seen = out[name] = {}
+
+        class Capture(L.Callback):
+            def __init__(self, seen):
+                self.seen = seen
+
+            def on_train_start(self, trainer, module):
+                self.seen["teacher0"] = {clean_name(n): full(p) for n, p in module.teacher.named_parameters()}
+
+            def on_train_end(self, trainer, module):
+                for net in ("model", "critic", "teacher", "ema"):
+                    self.seen[net] = {clean_name(n): full(p) for n, p in getattr(module, net).named_parameters()}
+
+        model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16)
+        data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16,
+                                    context_length=3, batch_size=2, num_samples=16)
+        strategy = VFMParallelStrategy(param_dtype=None, **kw) if world > 1 else "auto"
+        trainer = TrainerConfig(max_steps=4, devices=world, accelerator="cpu", precision="32-true", strategy=strategy,
+                                gradient_clip_val=1.0, callbacks=[Capture(seen)], enable_progress_bar=False,
+                                checkpoint_every_n_steps=100, final_checkpoint=False)
+        train(model=model, data=data, trainer=trainer, objective=FlowMatching(shift=3.0), ema_decay=0.9,
+              optim=OptimConfig(lr=1e-3, warmup_steps=0), distill=DistillConfig(num_steps=3, generator_update_every=2),
+              log=ExperimentConfig(name=name.replace(" ", "_"), root=root, tensorboard=False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run_distributed(_distil, 1, str(tmp_path_factory.mktemp("one")), {"one": {}})[0]["one"]
+
+
+def _max_err(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_distillation_layouts_train_like_one_process(reference, tmp_path):
+    import torch
+
+    ref = reference
+    assert _max_err(ref["teacher"], ref["teacher0"]) == 0  # frozen
+    assert _max_err(ref["model"], ref["teacher"]) > 0 and _max_err(ref["critic"], ref["teacher"]) > 0  # both trained
+    results = run_distributed(_distil, 2, str(tmp_path), LAYOUTS)
+    failures = {}
+    for name in LAYOUTS:
+        for r in results:
+            errs = {net: _max_err(r[name][net], ref[net]) for net in ("model", "critic", "teacher", "ema")}
+            if not all(e < 1e-5 for e in errs.values()):
+                failures[name] = errs
+    assert not failures, failures
+    assert all(torch.equal(results[0][n]["model"][k], results[1][n]["model"][k]) for n in LAYOUTS
+               for k in ref["model"])
