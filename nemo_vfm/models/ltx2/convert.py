@@ -67,6 +67,8 @@ def config_from_diffusers(c: dict, **overrides) -> LTX2Config:
             raise NotImplementedError(f"LTX2VideoTransformer3DModel {k}={c[k]!r} is not built by LTX2Model (only "
                                       f"{v!r}); this checkpoint is not supported")
     kw = {ours: c[theirs] for theirs, ours in _SAME.items() if theirs in c}
+    if "audio_mel_bins" in c:  # ours, written beside diffusers' arguments (diffusers ignores it)
+        kw["audio_mel_bins"] = c["audio_mel_bins"]
     kw["patch_size"] = (c.get("patch_size_t", 1), c.get("patch_size", 1), c.get("patch_size", 1))
     heads, dh = c.get("num_attention_heads", 32), c.get("attention_head_dim", 128)
     aheads, adh = c.get("audio_num_attention_heads", 32), c.get("audio_attention_head_dim", 64)
@@ -100,8 +102,9 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype:
 
 
 def config_json(cfg: LTX2Config, layout: str) -> dict:
-    """The ``config.json`` written with a folder of either layout (diffusers' arguments)."""
-    return dict(config_to_diffusers(cfg), _class_name="LTX2VideoTransformer3DModel")
+    """The ``config.json`` written with a folder of either layout: diffusers' arguments, and ``audio_mel_bins`` (the
+    M of the audio latents ``(B, Ca, La, M)``, which diffusers' pipeline knows from its audio VAE)."""
+    return dict(config_to_diffusers(cfg), _class_name="LTX2VideoTransformer3DModel", audio_mel_bins=cfg.audio_mel_bins)
 
 
 def save_weights(state: dict[str, torch.Tensor], folder: str | Path, cfg: LTX2Config, layout: str = "diffusers",
