@@ -300,13 +300,14 @@ class LTX2Model(nn.Module):
 
     def ropes(self, grid: tuple[int, int, int], audio_frames: int | None, fps: float, device):
         """Video tables [self (D/2) | cross-modal (Da/2)] and audio tables [self (Da/2) | cross-modal (Da/2)], each
-        ``(cos, sin)`` of ``(1, S, .)`` / ``(1, La, .)`` (audio: None without audio)."""
+        ``(cos, sin)`` of ``(1 or B, S, .)`` / ``(1, La, .)`` (audio: None without audio); ``fps``: a number or
+        ``(B,)``."""
         cfg = self.cfg
         d, da, theta, dp = cfg.hidden_size, cfg.audio_hidden_size, cfg.rope_theta, cfg.rope_double_precision
         pos = video_positions(grid, cfg.patch_size, cfg.vae_scale_factors, cfg.causal_offset, fps, device)
         cross_max = max(cfg.pos_embed_max_pos, cfg.audio_pos_embed_max_pos)
         own = rope_table(pos, (cfg.pos_embed_max_pos, cfg.base_height, cfg.base_width), d, theta, dp)
-        cross = rope_table(pos[:1], (cross_max,), da, theta, dp)
+        cross = rope_table(pos[:, :1], (cross_max,), da, theta, dp)
         video = tuple(torch.cat([a, b], -1) for a, b in zip(own, cross))
         if audio_frames is None:
             return video, None
@@ -329,10 +330,11 @@ class LTX2Model(nn.Module):
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor, context: torch.Tensor | None = None,
                 context_mask: torch.Tensor | None = None, audio: torch.Tensor | None = None,
                 audio_timesteps: torch.Tensor | None = None, audio_context: torch.Tensor | None = None,
-                audio_context_mask: torch.Tensor | None = None, fps: float | None = None,
+                audio_context_mask: torch.Tensor | None = None, fps: float | torch.Tensor | None = None,
                 sigma: torch.Tensor | None = None, audio_sigma: torch.Tensor | None = None, attn_mask=None,
                 class_labels=None, packed=None):
-        """``sigma`` / ``audio_sigma (B,)``: each stream's noise level for the cross-timestep and prompt
+        """``fps``: the video frame rate of the RoPE positions, a number or ``(B,)`` (default ``cfg.fps``);
+        ``sigma`` / ``audio_sigma (B,)``: each stream's noise level for the cross-timestep and prompt
         modulations (default: ``timesteps`` / ``audio_timesteps`` when per sample); ``attn_mask``: a video
         self-attention mask ``(B, 1, S, S)`` (boolean or additive)."""
         cfg = self.cfg
@@ -386,7 +388,7 @@ class LTX2Model(nn.Module):
             c_p = self._adaln(self.prompt_adaln, sigma * ts)[0]
             if audio is not None:
                 c_pa = self._adaln(self.audio_prompt_adaln, audio_sigma * ts)[0]
-        rope, audio_rope = self.ropes(grid, None if a is None else a.shape[1], fps or cfg.fps, x.device)
+        rope, audio_rope = self.ropes(grid, None if a is None else a.shape[1], cfg.fps if fps is None else fps, x.device)
         for block in self.blocks:
             tokens, a = block(tokens, a, ctx, actx, c, c_av, c_a, c_av_a, c_p, c_pa, rope, audio_rope, mask, amask,
                               attn_mask)

@@ -26,44 +26,46 @@ __all__ = ["video_positions", "audio_positions", "rope_table", "apply_rope"]
 
 
 def video_positions(grid: tuple[int, int, int], patch: tuple[int, int, int], scale: tuple[int, int, int],
-                    causal_offset: int, fps: float, device=None) -> torch.Tensor:
-    """``(3, S)`` middle positions (seconds, pixels, pixels) of the ``grid`` (t, h, w) tokens, t-major."""
+                    causal_offset: int, fps, device=None) -> torch.Tensor:
+    """``(1 or B, 3, S)`` middle positions (seconds, pixels, pixels) of the ``grid`` (t, h, w) tokens, t-major;
+    ``fps``: a number, or ``(B,)`` per sample."""
     axes = [torch.arange(n, dtype=torch.float32, device=device) * p for n, p in zip(grid, patch)]
     start = torch.stack(torch.meshgrid(*axes, indexing="ij")).flatten(1)  # (3, S) latent units
     size = torch.tensor(patch, dtype=torch.float32, device=device)[:, None]
     s = torch.tensor(scale, dtype=torch.float32, device=device)[:, None]
-    lo, hi = start * s, (start + size) * s
-    for b in (lo, hi):
-        b[0] = (b[0] + causal_offset - scale[0]).clamp(min=0) / fps
-    return (lo + hi) / 2
+    mid = (start * s + (start + size) * s) / 2  # (3, S) pixels
+    lo, hi = ((b[0] + causal_offset - scale[0]).clamp(min=0) for b in (start * s, (start + size) * s))
+    fps = torch.as_tensor(fps, dtype=torch.float32, device=device).reshape(-1, 1)  # (1 or B, 1)
+    time = ((lo + hi) / 2)[None] / fps  # (1 or B, S) seconds
+    return torch.cat([time[:, None], mid[1:].expand(time.shape[0], -1, -1)], dim=1)
 
 
 def audio_positions(frames: int, scale: int, causal_offset: int, hop_length: int, sampling_rate: int,
                     device=None) -> torch.Tensor:
-    """``(1, La)`` middle times (seconds) of ``frames`` audio latent frames."""
+    """``(1, 1, La)`` middle times (seconds) of ``frames`` audio latent frames."""
     f = torch.arange(frames, dtype=torch.float32, device=device)
     lo = (f * scale + causal_offset - scale).clip(min=0) * hop_length / sampling_rate
     hi = ((f + 1) * scale + causal_offset - scale).clip(min=0) * hop_length / sampling_rate
-    return ((lo + hi) / 2)[None]
+    return ((lo + hi) / 2)[None, None]
 
 
 def rope_table(pos: torch.Tensor, max_pos: tuple[float, ...], dim: int, theta: float,
                double_precision: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pos (n_pos, S)`` -> ``(cos, sin)`` each ``(1, S, dim/2)``: per token, angle ``(2 pos/max - 1) * freq_j``
+    """``pos (B, n_pos, S)`` -> ``(cos, sin)`` each ``(B, S, dim/2)``: per token, angle ``(2 pos/max - 1) * freq_j``
     for ``freq_j = theta^(j/(F-1)) * pi/2``, ``F = dim // (2 n_pos)``, ordered frequency-major (all axes of one
     frequency together), zero angles first to fill ``dim/2``."""
-    n_pos, device = pos.shape[0], pos.device
-    frac = torch.stack([pos[i] / max_pos[i] for i in range(n_pos)], dim=-1)  # (S, n_pos)
+    n_pos, device = pos.shape[1], pos.device
+    frac = torch.stack([pos[:, i] / max_pos[i] for i in range(n_pos)], dim=-1)  # (B, S, n_pos)
     steps = dim // (2 * n_pos)
     dt = torch.float64 if double_precision else torch.float32
     freqs = (torch.pow(theta, torch.linspace(0.0, 1.0, steps, dtype=dt, device=device)) * math.pi / 2).float()
-    angles = ((frac[..., None] * 2 - 1) * freqs).transpose(-1, -2).flatten(1)  # (S, steps * n_pos)
+    angles = ((frac[..., None] * 2 - 1) * freqs).transpose(-1, -2).flatten(2)  # (B, S, steps * n_pos)
     pad = dim // 2 - angles.shape[-1]
     cos, sin = angles.cos(), angles.sin()
     if pad:
-        cos = torch.cat([torch.ones_like(cos[:, :pad]), cos], -1)
-        sin = torch.cat([torch.zeros_like(sin[:, :pad]), sin], -1)
-    return cos[None], sin[None]
+        cos = torch.cat([torch.ones_like(cos[..., :pad]), cos], -1)
+        sin = torch.cat([torch.zeros_like(sin[..., :pad]), sin], -1)
+    return cos, sin
 
 
 def apply_rope(x_BHSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,

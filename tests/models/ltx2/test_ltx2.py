@@ -118,3 +118,30 @@ def test_per_token_video_times_match_diffusers():
         rv, ra = diffusers_forward(ref, net, x, audio, tv, ctx, actx, mask, audio_t=ta)
     torch.testing.assert_close(v, rv, rtol=0, atol=1e-5)
     torch.testing.assert_close(a, ra, rtol=0, atol=1e-5)
+
+
+def test_per_sample_fps_matches_diffusers_per_sample():
+    cfg = tiny()
+    net = randomized(cfg)
+    ref = reference(cfg, net.state_dict())
+    x, audio, t, ctx, actx, mask = inputs(cfg)
+    with torch.no_grad():
+        v, a = net(x, t, ctx, mask, audio=audio, audio_context=actx, audio_context_mask=mask,
+                   fps=torch.tensor([24.0, 30.0]))
+        for i, fps in enumerate((24.0, 30.0)):
+            rv, ra = diffusers_forward(ref, net, x[i:i + 1], audio[i:i + 1], t[i:i + 1], ctx[i:i + 1], actx[i:i + 1],
+                                       mask[i:i + 1], fps=fps)
+            torch.testing.assert_close(v[i:i + 1], rv, rtol=0, atol=1e-5)
+            torch.testing.assert_close(a[i:i + 1], ra, rtol=0, atol=1e-5)
+
+
+def test_input_errors_name_the_fix():
+    cfg = tiny()
+    net = cfg.build()
+    x, audio, t, ctx, actx, mask = inputs(cfg)
+    with pytest.raises(ValueError, match="audio_context"):
+        net(x, t, ctx, mask, audio=audio)
+    with pytest.raises(ValueError, match="audio_in_channels"):
+        net(x, t, ctx, mask, audio=audio[:, :, :, :2], audio_context=actx)
+    with pytest.raises(ValueError, match="per-token timesteps"):
+        net(x, torch.rand(2, 5), ctx, mask)
