@@ -24,7 +24,6 @@ token); text states already through the release's connectors ``(B, L, caption_ch
 Legend: B batch, S video tokens (t-major over the (t, h, w) patch grid), La audio tokens, L text tokens.
 """
 
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass
