@@ -13,12 +13,16 @@ stream, ``audio_latents (8, La, 16)`` (LTX-2 audio VAE) with ``audio_context`` /
 connector's output). Not built yet: ``vfm prepare`` has no LTX-2 VAEs, Gemma 3 encoder or connectors, and the
 Energon task encoder does not carry audio latents, so the prepared-data path feeds the video stream only
 (``with_video_only``); audio + video batches come from ``MockLatentDataModule(audio_shape=...)`` or a data module of
-your own that yields those keys. IC-LoRA training (``lora_ltx2_ic``: reference-video tokens at t = 0) is not built.
+your own that yields those keys. IC-LoRA (``lora_ltx2_ic``) adds ``reference_latents (128, Tr, Hr, Wr)`` per sample
+(the conditioning video's latents, at ``1 / model.reference_downscale`` of the target's height and width): they join
+the video tokens clean, at t = 0, and the loss covers the target; the prepared-data path does not carry them yet
+either.
 
 CLI::
 
     python launchers/train.py --factory lora_ltx2_video --yes model.pretrained=/models/LTX-2 data.path=DIR
     python launchers/train.py --factory lora_ltx2 --yes model.pretrained=/models/LTX-2 data=AUDIO_VIDEO_DATA
+    python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=/models/LTX-2 model.reference_downscale=2
 
 Python::
 
@@ -110,4 +114,17 @@ def lora_ltx2_video() -> run.Partial:
     """
     recipe = with_video_only(with_lora(_finetune("lora_ltx2_video"), rank=32, targets=LTX2_LORA_TARGETS,
                                        frozen_dtype="bf16"))
+    return parallel.with_fsdp(recipe, activation_checkpointing="full")
+
+
+@run.cli.factory(target=train)
+def lora_ltx2_ic() -> run.Partial:
+    """IC-LoRA: ``lora_ltx2`` on batches that also carry ``reference_latents`` (a conditioning video, e.g. depth or
+    pose, at ``1 / model.reference_downscale`` of the target's size, 1 by default), which the network reads as clean
+    in-context tokens (module docstring). Video only: ``with_video_only(lora_ltx2_ic())``.
+    GPU speed and memory not measured.
+    CLI: ``python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=DIR model.reference_downscale=2``
+    Python: ``recipe = ltx2.lora_ltx2_ic(); recipe.model.reference_downscale = 2``
+    """
+    recipe = with_lora(_finetune("lora_ltx2_ic"), rank=32, targets=LTX2_LORA_TARGETS, frozen_dtype="bf16")
     return parallel.with_fsdp(recipe, activation_checkpointing="full")

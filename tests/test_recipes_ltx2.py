@@ -16,7 +16,7 @@ from nemo_vfm.diffusion.audio_video import AudioVideoFlowMatching
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["lora_ltx2", "lora_ltx2_video", "finetune_ltx2"])
+@pytest.mark.parametrize("name", ["lora_ltx2", "lora_ltx2_video", "lora_ltx2_ic", "finetune_ltx2"])
 def test_recipe_builds_and_serializes(name):
     from nemo_run.core.serialization.yaml import YamlSerializer
 
@@ -46,8 +46,9 @@ def _tiny():
     return ltx2_config("tiny")
 
 
-@pytest.mark.parametrize("video_only", [False, True], ids=["audio_video", "video_only"])
-def test_lora_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only):
+@pytest.mark.parametrize("video_only,ic", [(False, False), (True, False), (False, True)],
+                         ids=["audio_video", "video_only", "ic_lora"])
+def test_lora_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, ic):
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.models.ltx2 import convert as C
     from nemo_vfm.models.ltx2.model import LTX2Config
@@ -55,13 +56,13 @@ def test_lora_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only):
     cfg = _tiny()
     torch.manual_seed(0)
     folder = C.save_weights(cfg.build().state_dict(), tmp_path / "ltx2", cfg)
-    recipe = L.lora_ltx2()
+    recipe = L.lora_ltx2_ic() if ic else L.lora_ltx2()
     if video_only:
         recipe = L.with_video_only(recipe)
     recipe.model = fdl.Config(LTX2Config, **{**vars(cfg), "pretrained": str(folder)})
     recipe.data = fdl.Config(MockLatentDataModule, latent_channels=8, num_frames=2, height=3, width=2,
                              context_dim=16, context_length=4, batch_size=2, num_samples=4,
-                             audio_shape=None if video_only else (2, 5, 4))
+                             audio_shape=None if video_only else (2, 5, 4), reference_shape=(8, 2, 3, 2) if ic else None)
     recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
     recipe.trainer.strategy.fsdp = False
     t = recipe.trainer

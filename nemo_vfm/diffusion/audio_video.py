@@ -9,7 +9,8 @@ independent Gaussian noise, and the network predicts both velocities::
 The audio latents ride in the conditioning dict as ``audio_latents (B, Ca, La, M)`` (the batch key of that name,
 passed through by the Lightning module with the audio stream's text, ``audio_context`` / ``audio_context_mask``);
 the objective takes them out, noises them and hands the network ``audio=``. ``video_only=True`` trains the video
-stream alone: the audio keys are dropped and the network runs without its audio stream. The loss weights are
+stream alone: the audio keys are dropped and the network runs without its audio stream. IC-LoRA: a batch's
+``reference_latents`` pass to the network as they are (clean reference tokens; the loss covers the target video). The loss weights are
 this objective's settings (1.0 and 1.0 by default), not values read from the LTX-2 release's trainer.
 """
 

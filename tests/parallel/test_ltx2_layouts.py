@@ -1,5 +1,5 @@
 """LTX-2 under TP2, FSDP2, ring CP2, all-to-all CP2 and CP2 x FSDP2 gives the loss (video and audio), every gradient
-and the weights after one SGD step of one process (gloo, CPU). The video has 15 tokens, so CP pads one; the audio
+and the weights after one SGD step of one process (gloo, CPU). The video has 15 tokens and 10 IC-LoRA reference tokens, so CP pads one; the audio
 stream is replicated on the CP ranks and attends to the video keys of all of them. Sequence and pipeline parallelism
 are refused by ``check_layout``."""
 
@@ -34,7 +34,8 @@ def problem():
     batch = {"x": torch.randn(2, 4, 3, 5, 1, generator=g), "t": torch.rand(2, generator=g),
              "context": torch.randn(2, 5, 10, generator=g), "context_mask": mask,
              "audio": torch.randn(2, 2, 7, 3, generator=g), "audio_t": torch.rand(2, generator=g),
-             "audio_context": torch.randn(2, 5, 10, generator=g)}
+             "audio_context": torch.randn(2, 5, 10, generator=g),
+             "reference": torch.randn(2, 4, 2, 5, 1, generator=g)}  # IC-LoRA tokens: 15 + 10, padded under CP2
     batch["target"] = torch.randn(batch["x"].shape, generator=g)
     batch["audio_target"] = torch.randn(batch["audio"].shape, generator=g)
     return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "latent": (3, 5, 1)}, batch
@@ -42,7 +43,7 @@ def problem():
 
 def loss_of(model, b):
     v, a = model(b["x"], b["t"], b["context"], b["context_mask"], audio=b["audio"], audio_timesteps=b["audio_t"],
-                 audio_context=b["audio_context"], audio_context_mask=b["context_mask"])
+                 audio_context=b["audio_context"], audio_context_mask=b["context_mask"], reference_latents=b["reference"])
     return ((v - b["target"]) ** 2).mean() + 0.5 * ((a - b["audio_target"]) ** 2).mean()
 
 

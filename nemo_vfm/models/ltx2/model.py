@@ -86,6 +86,7 @@ class LTX2Config:
     timestep_scale: float = 1000.0  # the network gets t in [0, 1]; LTX-2's time input is 1000 t
     cross_attn_timestep_scale: float = 1000.0
     fps: float = 24.0  # default frame rate of the video RoPE positions
+    reference_downscale: int = 1  # IC-LoRA: reference videos at 1/k of the target's height and width
     pretrained: str | None = None
 
     def __post_init__(self):
@@ -98,6 +99,8 @@ class LTX2Config:
         if self.head_dim % 2 or self.audio_head_dim % 2:
             raise ValueError(f"LTX2Config.head_dim ({self.head_dim}) and audio_head_dim ({self.audio_head_dim}) must "
                              "be even (RoPE rotates pairs)")
+        if self.reference_downscale < 1:
+            raise ValueError(f"LTX2Config.reference_downscale must be >= 1, got {self.reference_downscale}")
         if self.rope_type not in ("interleaved", "split"):
             raise ValueError(f"LTX2Config.rope_type must be 'interleaved' or 'split', got {self.rope_type!r}")
         if self.rope_type == "split" and self.num_heads != self.audio_num_heads:
@@ -297,13 +300,24 @@ class LTX2Model(nn.Module):
         x = x_BSF.reshape(B, t, h, w, -1, pt, p, p)
         return x.permute(0, 4, 1, 5, 2, 6, 3, 7).flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
-    def ropes(self, grid: tuple[int, int, int], audio_frames: int | None, fps: float, device):
-        """Video tables [self (D/2) | cross-modal (Da/2)] and audio tables [self (Da/2) | cross-modal (Da/2)], each
-        ``(cos, sin)`` of ``(1 or B, S, .)`` / ``(1, La, .)`` (audio: None without audio); ``fps``: a number or
-        ``(B,)``."""
+    def positions(self, grid: tuple[int, int, int], fps, device, reference_grid=None) -> torch.Tensor:
+        """``(1 or B, 3, S [+ Sr])`` video positions; IC-LoRA reference tokens (``reference_grid``) follow, placed as
+        diffusers' LTX2ICLoraPipeline places them: their own grid, spatial positions times ``reference_downscale``."""
+        cfg = self.cfg
+        pos = video_positions(grid, cfg.patch_size, cfg.vae_scale_factors, cfg.causal_offset, fps, device)
+        if reference_grid is None:
+            return pos
+        ref = video_positions(reference_grid, cfg.patch_size, cfg.vae_scale_factors, cfg.causal_offset, fps, device)
+        ref = ref * torch.tensor([1.0, cfg.reference_downscale, cfg.reference_downscale], device=device)[:, None]
+        n = max(pos.shape[0], ref.shape[0])
+        return torch.cat([pos.expand(n, -1, -1), ref.expand(n, -1, -1)], dim=2)
+
+    def ropes(self, pos: torch.Tensor, audio_frames: int | None, device):
+        """Video tables [self (D/2) | cross-modal (Da/2)] of positions ``pos (1 or B, 3, S)`` and audio tables
+        [self (Da/2) | cross-modal (Da/2)], each ``(cos, sin)`` of ``(1 or B, S, .)`` / ``(1, La, .)`` (audio: None
+        without audio)."""
         cfg = self.cfg
         d, da, theta, dp = cfg.hidden_size, cfg.audio_hidden_size, cfg.rope_theta, cfg.rope_double_precision
-        pos = video_positions(grid, cfg.patch_size, cfg.vae_scale_factors, cfg.causal_offset, fps, device)
         cross_max = max(cfg.pos_embed_max_pos, cfg.audio_pos_embed_max_pos)
         own = rope_table(pos, (cfg.pos_embed_max_pos, cfg.base_height, cfg.base_width), d, theta, dp)
         cross = rope_table(pos[:, :1], (cross_max,), da, theta, dp)
@@ -331,8 +345,10 @@ class LTX2Model(nn.Module):
                 audio_timesteps: torch.Tensor | None = None, audio_context: torch.Tensor | None = None,
                 audio_context_mask: torch.Tensor | None = None, fps: float | torch.Tensor | None = None,
                 sigma: torch.Tensor | None = None, audio_sigma: torch.Tensor | None = None, attn_mask=None,
-                class_labels=None, packed=None):
-        """``fps``: the video frame rate of the RoPE positions, a number or ``(B,)`` (default ``cfg.fps``);
+                reference_latents: torch.Tensor | None = None, class_labels=None, packed=None):
+        """``reference_latents (B, C, Tr, Hr, Wr)``: IC-LoRA reference video latents, appended to the video tokens
+        clean (time 0, positions as :meth:`positions` places them) and cut from the output;
+        ``fps``: the video frame rate of the RoPE positions, a number or ``(B,)`` (default ``cfg.fps``);
         ``sigma`` / ``audio_sigma (B,)``: each stream's noise level for the cross-timestep and prompt
         modulations (default: ``timesteps`` / ``audio_timesteps`` when per sample); ``attn_mask``: a video
         self-attention mask ``(B, 1, S, S)`` (boolean or additive)."""
@@ -349,8 +365,16 @@ class LTX2Model(nn.Module):
             raise ValueError(f"per-token timesteps {tuple(timesteps.shape)} must be (B, {S}); or pass (B,) timesteps")
         ts = cfg.timestep_scale
         sigma = sigma if sigma is not None else (timesteps if timesteps.dim() == 1 else None)
-        tokens = self.patchify_proj(self.pack(x).to(self.patchify_proj.weight.dtype))  # (B, S, D)
-        c, e = self._adaln(self.adaln_single, timesteps * ts)
+        packed_x = self.pack(x)  # (B, S, C pt p p)
+        ref_grid, t_video = None, timesteps
+        if reference_latents is not None:  # IC-LoRA: clean reference tokens after the video tokens
+            ref_grid = self.grid(*reference_latents.shape[2:])
+            ref = self.pack(reference_latents.to(x.dtype))
+            packed_x = torch.cat([packed_x, ref], dim=1)
+            per_token = timesteps[:, None].expand(-1, S) if timesteps.dim() == 1 else timesteps
+            t_video = torch.cat([per_token, per_token.new_zeros(per_token.shape[0], ref.shape[1])], dim=1)
+        tokens = self.patchify_proj(packed_x.to(self.patchify_proj.weight.dtype))  # (B, S [+ Sr], D)
+        c, e = self._adaln(self.adaln_single, t_video * ts)
         ctx = self.caption_projection(context.to(tokens.dtype))
         mask = self._mask(context_mask, tokens.dtype)
         a = actx = amask = c_a = e_a = c_av = c_av_a = c_p = c_pa = None
@@ -375,7 +399,7 @@ class LTX2Model(nn.Module):
             if cfg.cross_timestep and (sigma is None or audio_sigma is None):
                 raise ValueError("LTX2Config.cross_timestep needs per-sample sigma and audio_sigma (B,)")
             gate = cfg.cross_attn_timestep_scale / cfg.timestep_scale
-            tv = audio_sigma if cfg.cross_timestep else timesteps
+            tv = audio_sigma if cfg.cross_timestep else t_video
             ta = sigma if cfg.cross_timestep else audio_timesteps
             c_av = torch.cat([self._adaln(self.av_ca_video_scale_shift_adaln_single, tv * ts)[0],
                               self._adaln(self.av_ca_a2v_gate_adaln_single, tv * ts * gate)[0]], -1)
@@ -387,11 +411,12 @@ class LTX2Model(nn.Module):
             c_p = self._adaln(self.prompt_adaln, sigma * ts)[0]
             if audio is not None:
                 c_pa = self._adaln(self.audio_prompt_adaln, audio_sigma * ts)[0]
-        rope, audio_rope = self.ropes(grid, None if a is None else a.shape[1], cfg.fps if fps is None else fps, x.device)
+        pos = self.positions(grid, cfg.fps if fps is None else fps, x.device, ref_grid)
+        rope, audio_rope = self.ropes(pos, None if a is None else a.shape[1], x.device)
         for block in self.blocks:
             tokens, a = block(tokens, a, ctx, actx, c, c_av, c_a, c_av_a, c_p, c_pa, rope, audio_rope, mask, amask,
                               attn_mask)
-        video = self.unpack(self.final_layer(tokens, e), grid)
+        video = self.unpack(self.final_layer(tokens, e)[:, :S], grid)
         if audio is None:
             return video
         out_a = self.audio_final_layer(a, e_a)  # (B, La, Ca M)

@@ -145,3 +145,33 @@ def test_input_errors_name_the_fix():
         net(x, t, ctx, mask, audio=audio[:, :, :, :2], audio_context=actx)
     with pytest.raises(ValueError, match="per-token timesteps"):
         net(x, torch.rand(2, 5), ctx, mask)
+
+
+@pytest.mark.parametrize("downscale", [1, 2])
+def test_ic_lora_reference_tokens_match_diffusers(downscale):
+    """IC-LoRA: reference latents appended clean (time 0) with the positions LTX2ICLoraPipeline gives them."""
+    from diffusers import LTX2Pipeline
+
+    cfg = tiny(reference_downscale=downscale, rope_type="split", audio_num_heads=3)
+    net = randomized(cfg)
+    ref = reference(cfg, net.state_dict())
+    x, audio, t, ctx, actx, mask = inputs(cfg, T=2, H=4, W=2)
+    g = torch.Generator().manual_seed(7)
+    refx = torch.randn(2, x.shape[1], 3, 4 // downscale, 2 // downscale, generator=g)
+    ta = torch.tensor([0.2, 0.9])
+    with torch.no_grad():
+        v, a = net(x, t, ctx, mask, audio=audio, audio_timesteps=ta, audio_context=actx, audio_context_mask=mask,
+                   reference_latents=refx)
+        S, Sr = 2 * 4 * 2, 3 * (4 // downscale) * (2 // downscale)
+        coords = ref.rope.prepare_video_coords(2, 2, 4, 2, x.device, fps=24.0)
+        rcoords = ref.rope.prepare_video_coords(2, 3, 4 // downscale, 2 // downscale, x.device, fps=24.0)
+        rcoords[:, 1:] *= downscale
+        tokens = torch.cat([LTX2Pipeline._pack_latents(x), LTX2Pipeline._pack_latents(refx)], 1)
+        tt = torch.cat([t[:, None].expand(-1, S), torch.zeros(2, Sr)], 1)
+        rv, ra = ref(tokens, audio.transpose(1, 2).flatten(2), ctx, actx, tt * 1000, audio_timestep=ta * 1000,
+                     sigma=t * 1000, audio_sigma=ta * 1000, encoder_attention_mask=mask,
+                     audio_encoder_attention_mask=mask, audio_num_frames=audio.shape[2],
+                     video_coords=torch.cat([coords, rcoords], 2), return_dict=False)
+    assert v.shape == x.shape
+    torch.testing.assert_close(v, net.unpack(rv[:, :S], (2, 4, 2)), rtol=0, atol=1e-5)
+    torch.testing.assert_close(a, ra.unflatten(-1, (-1, cfg.audio_mel_bins)).transpose(1, 2), rtol=0, atol=1e-5)
