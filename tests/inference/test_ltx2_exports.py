@@ -1,6 +1,7 @@
-"""``vfm export --format comfyui`` for an LTX-2 LoRA run: every key is one ComfyUI's LoraLoader reads for its LTX-2
+"""Exports of an LTX-2 LoRA run. ``--format comfyui``: every key is one ComfyUI's LoraLoader reads for its LTX-2
 (LTXAV) model, whose module names are the release's (ours), and the patched release weights equal our merged
-``--format original`` export. ComfyUI's LoRA path is re-implemented in tests/inference/test_comfyui_lora.py."""
+``--format original`` export (ComfyUI's LoRA path is re-implemented in tests/inference/test_comfyui_lora.py).
+``--format lora``: diffusers loads the adapters and reproduces our merged network. ``vfm generate`` refuses LTX-2."""
 
 import pytest
 import torch
@@ -70,3 +71,31 @@ def test_published_size_maps_every_linear_and_errors_name_the_layer():
     with pytest.raises(ValueError, match="attn1.to_qq is not a weight"):
         comfyui_lora_state({"transformer_blocks.0.attn1.to_qq.lora_A.weight": torch.zeros(8, 4096),
                             "transformer_blocks.0.attn1.to_qq.lora_B.weight": torch.zeros(4096, 8)}, cfg, 8, 8.0)
+
+
+def test_diffusers_lora_export_loads_in_diffusers_and_generate_is_refused(tmp_path, capsys):
+    """``--format lora``: diffusers' LTX2VideoTransformer3DModel with the adapters reproduces our merged network;
+    ``vfm generate`` says it does not sample LTX-2 and what to do instead."""
+    pytest.importorskip("diffusers")
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from nemo_vfm.inference.checkpoint import load_checkpoint
+    from nemo_vfm_recipes.ltx2 import LTX2_LORA_TARGETS
+    from tests.models.ltx2.test_ltx2 import diffusers_forward, inputs
+
+    cfg = ltx2_config("tiny")
+    run, base, _ = _lora_run(tmp_path, cfg, LoRAConfig(rank=3, alpha=6.0, targets=LTX2_LORA_TARGETS))
+    assert main(["export", "--ckpt", str(run), "--format", "lora", "--out", str(tmp_path / "l.safetensors")]) == 0
+    lora = load_file(str(tmp_path / "l.safetensors"))
+    assert "transformer.transformer_blocks.0.attn1.to_q.lora_A.weight" in lora
+    C.save_weights(base, tmp_path / "base", cfg)
+    ref = LTX2VideoTransformer3DModel.from_pretrained(str(tmp_path / "base")).eval()
+    ref.load_lora_adapter(lora, adapter_name="ours")
+    net = load_checkpoint(run).net.eval()  # the LoRA merged into the base
+    x, audio, t, ctx, actx, mask = inputs(cfg)
+    with torch.no_grad():
+        v, a = net(x, t, ctx, mask, audio=audio, audio_context=actx, audio_context_mask=mask)
+        rv, ra = diffusers_forward(ref, net, x, audio, t, ctx, actx, mask)
+    assert (v - rv).abs().max() <= 1e-4 * rv.abs().max() and (a - ra).abs().max() <= 1e-4 * ra.abs().max()
+    assert main(["generate", "--ckpt", str(run), "--prompt", "a cat"]) == 2
+    assert "not implemented for LTX-2" in capsys.readouterr().err
