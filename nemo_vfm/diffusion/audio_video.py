@@ -59,3 +59,7 @@ class AudioVideoFlowMatching(FlowMatching):
         loss_v, logs = self.loss_from_output(v, inp, loss_mask)
         loss_a = ((u.float() - (noise - a0).float()) ** 2).mean()
         return self.video_weight * loss_v + self.audio_weight * loss_a, {**logs, "mse_audio": loss_a.detach()}
+
+    def micro_batch_loss(self, *args, **kwargs):
+        raise NotImplementedError("AudioVideoFlowMatching has no pipeline-parallel path (its audio stream is not staged); "
+                                  "train with pipeline_model_parallel_size=1")
