@@ -111,11 +111,14 @@ def test_wan_i2v_counts_the_image_tokens():
     assert family_spec(cfg).flops(cfg, [24], [7]).forward > t2v.forward
 
 
-@pytest.mark.parametrize("audio", [True, False], ids=["audio", "video_only"])
-def test_ltx2_count_equals_the_measured_forward(audio):
-    """Audio and video streams with gates and text adaLN; video only: the audio stream is neither run nor counted."""
-    cfg = ltx2_config("tiny", gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True)
-    (x, t), kwargs = _inputs(8, latent=(3, 4, 2), text=(5, 16))
+@pytest.mark.parametrize("audio, projected", [(True, False), (False, False), (True, True)],
+                         ids=["audio", "video_only", "audio_projected_text"])
+def test_ltx2_count_equals_the_measured_forward(audio, projected):
+    """Audio and video streams with gates and text adaLN; video only: the audio stream is neither run nor counted;
+    projected text (``prompt_embeddings=False``): no caption projections."""
+    cfg = ltx2_config("tiny", gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+                      prompt_embeddings=not projected)
+    (x, t), kwargs = _inputs(8, latent=(3, 4, 2), text=(5, 32 if projected else 16))
     kwargs["context_mask"] = kwargs["context_mask"].float()
     if audio:
         kwargs.update(audio=torch.randn(B, 2, 7, 4), audio_context=torch.randn(B, 5, 16))

@@ -39,14 +39,15 @@ _SAME = {"num_layers": "num_layers", "num_attention_heads": "num_heads", "attent
          "audio_pos_embed_max_pos": "audio_pos_embed_max_pos", "audio_sampling_rate": "audio_sampling_rate",
          "audio_hop_length": "audio_hop_length", "gated_attn": "gated_attn", "audio_gated_attn": "audio_gated_attn",
          "cross_attn_mod": "cross_attn_mod", "audio_cross_attn_mod": "audio_cross_attn_mod",
-         "use_prompt_adaln_single": "prompt_adaln_single", "ff_bias": "ff_bias", "audio_ff_bias": "audio_ff_bias",
+         "use_prompt_adaln_single": "prompt_adaln_single", "use_prompt_embeddings": "prompt_embeddings",
+         "ff_bias": "ff_bias", "audio_ff_bias": "audio_ff_bias",
          "norm_eps": "norm_eps", "rope_theta": "rope_theta", "rope_double_precision": "rope_double_precision",
          "rope_type": "rope_type", "causal_offset": "causal_offset",
          "timestep_scale_multiplier": "timestep_scale",
          "cross_attn_timestep_scale_multiplier": "cross_attn_timestep_scale"}
 # diffusers arguments whose other values this model does not build
 _FIXED = {"activation_fn": "gelu-approximate", "qk_norm": "rms_norm_across_heads", "norm_elementwise_affine": False,
-          "attention_bias": True, "attention_out_bias": True, "use_prompt_embeddings": True,
+          "attention_bias": True, "attention_out_bias": True,
           "use_keyframes_abs_pos_embedding": False, "audio_patch_size": 1, "audio_patch_size_t": 1}
 
 

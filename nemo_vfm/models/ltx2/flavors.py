@@ -9,8 +9,9 @@
 values of diffusers' conversion script for it (``scripts/convert_ltx2_to_diffusers.py``: ``rope_type="split"``,
 every other argument at ``LTX2VideoTransformer3DModel``'s defaults). Text: Gemma 3 12B states (3840 wide) through
 the release's connectors, which are not part of this network. Sampling defaults are diffusers' ``LTX2Pipeline``'s
-(512 x 768, 24 fps). LTX-2.3 (gated attention, cross-attention adaLN, the caption projection moved into the
-connectors) is not offered as a flavor: its text path (``use_prompt_embeddings=False``) is not built.
+(512 x 768, 24 fps). LTX-2.3's options (gated attention, cross-attention adaLN, the caption projection moved into the
+connectors: ``prompt_embeddings=False``) are built and match diffusers, but no LTX-2.3 flavor is offered: its
+published sizes were not checked here (a diffusers folder's ``config.json`` gives them).
 """
 
 from nemo_vfm.models.ltx2.model import LTX2Config

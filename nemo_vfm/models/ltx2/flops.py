@@ -12,7 +12,7 @@ heads; each stream's FFN is 4x its width::
            + 2 S D Da x 2 + 4 A Da^2 + 4 S A Da                    (a2v: q, out on video; k, v on audio)
            + 4 A Da^2 + 4 S D Da + 4 A S Da                        (v2a: q, out on audio; k, v on video)
            [+ 2 S D Ha + 2 A Da Ha]                                (gated cross-modal attentions)
-    network = 2 S Cin D + 2 L (Dt D + D^2) + 2 S D Cout + time embedders (2 (256 D + D^2) + 2 D nD each)
+    network = 2 S Cin D + 2 L (Dt D + D^2) [caption projection, unless prompt_embeddings=False] + 2 S D Cout + time embedders (2 (256 D + D^2) + 2 D nD each)
             + the audio terms alike (with A > 0)
 
 Video only (A = 0): the audio stream, its embedders and both cross-modal attentions are not run and not counted.
@@ -63,12 +63,13 @@ def ltx2_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | 
     linear = attention = 0
     for s, text, a in zip(seq_lens, text_lens, (int(x) for x in audio_lens)):
         lin = count.linear(s, cfg.in_channels, d) + count.linear(s, d, cfg.out_channels)
-        lin += count.linear(text, cfg.caption_channels, d) + count.linear(text, d, d) + _adaln(d, n_video)
+        caption = cfg.prompt_embeddings
+        lin += (count.linear(text, cfg.caption_channels, d) + count.linear(text, d, d)) * caption + _adaln(d, n_video)
         lin += _adaln(d, 2) if prompt else 0
         blk_lin, blk_att = _stream(s, d, h, text, cfg.gated_attn)
         if a:
             lin += count.linear(a, cfg.audio_in_channels, da) + count.linear(a, da, cfg.audio_out_channels)
-            lin += count.linear(text, cfg.caption_channels, da) + count.linear(text, da, da)
+            lin += (count.linear(text, cfg.caption_channels, da) + count.linear(text, da, da)) * caption
             lin += _adaln(da, n_audio) + _adaln(d, 4) + _adaln(d, 1) + _adaln(da, 4) + _adaln(da, 1)
             lin += _adaln(da, 2) if prompt else 0
             a_lin, a_att = _stream(a, da, ha, text, cfg.audio_gated_attn)

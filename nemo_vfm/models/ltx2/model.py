@@ -62,6 +62,7 @@ class LTX2Config:
     audio_out_channels: int = 128
     audio_mel_bins: int = 16  # M of the audio latents (B, Ca, La, M): audio_in_channels = Ca * M
     caption_channels: int = 3840  # Gemma 3 12B width, through the release's connectors
+    prompt_embeddings: bool = True  # False (LTX-2.3): no caption projection, the connectors give D / Da wide text
     vae_scale_factors: tuple[int, int, int] = (8, 32, 32)
     pos_embed_max_pos: int = 20
     base_height: int = 2048
@@ -255,8 +256,9 @@ class LTX2Model(nn.Module):
         d, da = cfg.hidden_size, cfg.audio_hidden_size
         self.patchify_proj = nn.Linear(cfg.in_channels, d)
         self.audio_patchify_proj = nn.Linear(cfg.audio_in_channels, da)
-        self.caption_projection = TextProjection(cfg.caption_channels, d)
-        self.audio_caption_projection = TextProjection(cfg.caption_channels, da)
+        if cfg.prompt_embeddings:
+            self.caption_projection = TextProjection(cfg.caption_channels, d)
+            self.audio_caption_projection = TextProjection(cfg.caption_channels, da)
         self.adaln_single = AdaLNSingle(d, 9 if cfg.cross_attn_mod else 6)
         self.audio_adaln_single = AdaLNSingle(da, 9 if cfg.audio_cross_attn_mod else 6)
         self.av_ca_video_scale_shift_adaln_single = AdaLNSingle(d, 4)
@@ -335,6 +337,15 @@ class LTX2Model(nn.Module):
         mod, e = module(t.flatten())
         return mod.unflatten(0, t.shape), e.unflatten(0, t.shape)
 
+    def _text_states(self, text: torch.Tensor, projection: str, width: int, dtype) -> torch.Tensor:
+        """A stream's text states through its caption projection, or as given (``prompt_embeddings=False``)."""
+        if self.cfg.prompt_embeddings:
+            return getattr(self, projection)(text.to(dtype))
+        if text.shape[-1] != width:
+            raise ValueError(f"LTX2Config.prompt_embeddings=False: the text states must be the stream's width {width} "
+                             f"(the connector's projected output), got {text.shape[-1]}")
+        return text.to(dtype)
+
     @staticmethod
     def _mask(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
         """``(B, L)`` keep-mask -> additive ``(B, 1, 1, L)`` bias (0 / -10000, as the release)."""
@@ -375,7 +386,7 @@ class LTX2Model(nn.Module):
             t_video = torch.cat([per_token, per_token.new_zeros(per_token.shape[0], ref.shape[1])], dim=1)
         tokens = self.patchify_proj(packed_x.to(self.patchify_proj.weight.dtype))  # (B, S [+ Sr], D)
         c, e = self._adaln(self.adaln_single, t_video * ts)
-        ctx = self.caption_projection(context.to(tokens.dtype))
+        ctx = self._text_states(context, "caption_projection", cfg.hidden_size, tokens.dtype)
         mask = self._mask(context_mask, tokens.dtype)
         a = actx = amask = c_a = e_a = c_av = c_av_a = c_p = c_pa = None
         if audio is not None:
@@ -394,7 +405,7 @@ class LTX2Model(nn.Module):
                 audio_timesteps if audio_timesteps.dim() == 1 else sigma)
             a = self.audio_patchify_proj(audio.transpose(1, 2).flatten(2).to(tokens.dtype))  # (B, La, Da)
             c_a, e_a = self._adaln(self.audio_adaln_single, audio_timesteps * ts)
-            actx = self.audio_caption_projection(audio_context.to(tokens.dtype))
+            actx = self._text_states(audio_context, "audio_caption_projection", cfg.audio_hidden_size, tokens.dtype)
             amask = self._mask(audio_context_mask, tokens.dtype)
             if cfg.cross_timestep and (sigma is None or audio_sigma is None):
                 raise ValueError("LTX2Config.cross_timestep needs per-sample sigma and audio_sigma (B,)")

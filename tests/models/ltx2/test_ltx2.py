@@ -72,6 +72,8 @@ CASES = {
     "gated_cross_mod": dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                             ff_bias=False),
     "cross_mod_static_cross_time": dict(cross_attn_mod=True, prompt_adaln_single=False, cross_timestep=True),
+    "ltx2_3_text_path": dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+                             prompt_embeddings=False, caption_channels=30, rope_type="split", audio_num_heads=3),
 }
 
 
@@ -81,6 +83,8 @@ def test_forward_matches_diffusers_with_audio(case):
     net = randomized(cfg)
     ref = reference(cfg, net.state_dict())
     x, audio, t, ctx, actx, mask = inputs(cfg)
+    if not cfg.prompt_embeddings:  # the connectors' projected text: each stream's width
+        actx = actx[..., : cfg.audio_hidden_size]
     ta = torch.tensor([0.3, 0.8])
     kw = dict(sigma=t, audio_sigma=ta) if cfg.cross_timestep else {}
     with torch.no_grad():

@@ -103,8 +103,8 @@ def test_a_renamed_layer_is_named(tmp_path):
 
 
 def test_unsupported_diffusers_arguments_are_named():
-    with pytest.raises(NotImplementedError, match="use_prompt_embeddings"):
-        C.config_from_diffusers({"use_prompt_embeddings": False})
+    with pytest.raises(NotImplementedError, match="use_keyframes_abs_pos_embedding"):
+        C.config_from_diffusers({"use_keyframes_abs_pos_embedding": True})
     with pytest.raises(ValueError, match="rope_type"):
         tiny(rope_type="other")
 
