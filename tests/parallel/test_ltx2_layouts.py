@@ -1,4 +1,4 @@
-"""LTX-2 under TP2, FSDP2, ring CP2, all-to-all CP2 and CP2 x FSDP2 gives the loss (video and audio), every gradient
+"""LTX-2 under TP2, FSDP2, FSDP2 + full activation checkpointing, ring CP2, all-to-all CP2 and CP2 x FSDP2 gives the loss (video and audio), every gradient
 and the weights after one SGD step of one process (gloo, CPU). The video has 15 tokens and 10 IC-LoRA reference tokens, so CP pads one; the audio
 stream is replicated on the CP ranks and attends to the video keys of all of them. Sequence and pipeline parallelism
 are refused by ``check_layout``."""
@@ -9,7 +9,7 @@ from gloo_launcher import run_distributed
 
 from bench import equivalence as E
 
-GROUPS = {"tp_fsdp": {"TP2": dict(tp=2), "FSDP2": dict()},
+GROUPS = {"tp_fsdp": {"TP2": dict(tp=2), "FSDP2": dict(), "FSDP2 + full AC": dict(activation_checkpointing="full")},
           "cp": {"CP2 ring": dict(cp=2), "CP2 a2a": dict(cp=2, cp_kind="a2a"), "CP2 ring x FSDP2": dict(cp=2, fsdp=True)}}
 LR = 0.5
 
@@ -55,9 +55,10 @@ def _worker(rank, world, layouts):
     prob, b = problem()
     out = {}
     for name, kw in layouts.items():
-        dims = ParallelDims(world_size=world, **kw)
+        dims = ParallelDims(world_size=world, **{k: v for k, v in kw.items() if k != "activation_checkpointing"})
+        extra = {k: v for k, v in kw.items() if k == "activation_checkpointing"}
         pmesh, modules, _ = E.build_parallel(cfg(), prob, dims, torch.device("cpu"), param_dtype=None,
-                                             reduce_dtype=None)
+                                             reduce_dtype=None, **extra)
         model = modules[0]
         gathered = sum(isinstance(m, P.GatheredKeysCore) for m in model.modules())
         assert gathered == (cfg().num_layers if dims.cp > 1 else 0), (name, gathered)
@@ -104,3 +105,34 @@ def test_refused_layouts_name_the_fix(kw, match):
 
     with pytest.raises((ValueError, NotImplementedError), match=match):
         check_layout(cfg(), ParallelDims(world_size=8, **kw))
+
+
+def _load_worker(rank, world, folder):
+    from torch.distributed.tensor import DTensor
+
+    from nemo_vfm.models.ltx2 import family as P
+    from nemo_vfm.models.ltx2.weights import load_weights
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.mesh import build_mesh
+
+    out = {}
+    for name, kw in {"FSDP2": {}, "TP2": dict(tp=2)}.items():
+        model = P.SPEC.parallelize(cfg().build("meta"), build_mesh(ParallelDims(world_size=world, **kw)),
+                                   param_dtype=None, reduce_dtype=None)
+        model.to_empty(device="cpu")
+        load_weights(model, folder)
+        assert any(isinstance(p, DTensor) for p in model.parameters())
+        out[name] = {k: (v.full_tensor() if isinstance(v, DTensor) else v).clone() for k, v in model.state_dict().items()}
+    return out
+
+
+@pytest.mark.parametrize("layout", ["diffusers", "original"])
+def test_a_weights_folder_streams_into_sharded_models(tmp_path, layout):
+    from nemo_vfm.models.ltx2.convert import save_weights
+
+    prob, _ = problem()
+    save_weights(prob["state"], tmp_path, cfg(), layout=layout)
+    for loaded in run_distributed(_load_worker, 2, str(tmp_path)):
+        for name, state in loaded.items():
+            for k, v in prob["state"].items():
+                assert torch.equal(state[k], v), (name, k)
