@@ -1,6 +1,6 @@
 """LTX-2 recipes: every factory builds and serializes; a dry run through launchers/train.py takes overrides; LoRA
-from a tiny random LTX-2 folder trains two steps on CPU on mock audio + video batches, and video only; the audio +
-video objective is the two flow-matching losses of one draw."""
+(audio + video, video only, IC-LoRA) and full fine-tuning from a tiny random LTX-2 folder train two steps on CPU on
+mock batches; the audio + video objective is the two flow-matching losses of one draw."""
 
 import subprocess
 import sys
@@ -46,9 +46,10 @@ def _tiny():
     return ltx2_config("tiny")
 
 
-@pytest.mark.parametrize("video_only,ic", [(False, False), (True, False), (False, True)],
-                         ids=["audio_video", "video_only", "ic_lora"])
-def test_lora_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, ic):
+@pytest.mark.parametrize("video_only,ic,full", [(False, False, False), (True, False, False), (False, True, False),
+                                                (False, False, True)],
+                         ids=["audio_video", "video_only", "ic_lora", "finetune"])
+def test_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, ic, full):
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.models.ltx2 import convert as C
     from nemo_vfm.models.ltx2.model import LTX2Config
@@ -56,14 +57,15 @@ def test_lora_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, 
     cfg = _tiny()
     torch.manual_seed(0)
     folder = C.save_weights(cfg.build().state_dict(), tmp_path / "ltx2", cfg)
-    recipe = L.lora_ltx2_ic() if ic else L.lora_ltx2()
+    recipe = L.finetune_ltx2() if full else L.lora_ltx2_ic() if ic else L.lora_ltx2()
     if video_only:
         recipe = L.with_video_only(recipe)
     recipe.model = fdl.Config(LTX2Config, **{**vars(cfg), "pretrained": str(folder)})
     recipe.data = fdl.Config(MockLatentDataModule, latent_channels=8, num_frames=2, height=3, width=2,
                              context_dim=16, context_length=4, batch_size=2, num_samples=4,
                              audio_shape=None if video_only else (2, 5, 4), reference_shape=(8, 2, 3, 2) if ic else None)
-    recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
+    if not full:
+        recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
     recipe.trainer.strategy.fsdp = False
     t = recipe.trainer
     t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, 2, 2, False
