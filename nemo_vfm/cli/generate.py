@@ -243,6 +243,8 @@ def _run(args) -> int:
     apply_attention_args(args, info)
     gen = info.generation
     family = generation_of(info)  # the family's generation adapter: conditioning inputs, sampler
+    if family.unavailable is not None:
+        raise NotImplementedError(family.unavailable)
     if family.check is not None and info.kind == family.kind:
         family.check(info)
     takes_image = family.image(info)

@@ -171,12 +171,16 @@ class MockLatentDataModule(_ResumableDataModule):
     """Random latents ``(C, T, H, W)`` and text embeddings ``(L, D)``: for throughput runs and smoke tests.
 
     ``match_model=True`` (the CLI's ``data=mock``): ``latent_channels`` / ``context_dim`` left ``None`` take the
-    model's when ``train()`` starts (:meth:`take_model_shape`); otherwise ``context_dim=None`` means no text."""
+    model's when ``train()`` starts (:meth:`take_model_shape`); otherwise ``context_dim=None`` means no text.
+    ``audio_shape (Ca, La, M)``: also random audio latents ``audio_latents`` and the audio stream's text
+    ``audio_context`` / ``audio_context_mask`` (LTX-2's second stream); ``reference_shape (C, T, H, W)``: random
+    ``reference_latents`` (LTX-2 IC-LoRA reference videos)."""
 
     def __init__(self, *, latent_channels: int | None = 16, num_frames: int = 8, height: int = 32, width: int = 32,
                  context_dim: int | None = 1024, context_length: int = 512, num_classes: int = 0,
                  batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0, num_workers: int = 0,
-                 match_model: bool = False):
+                 match_model: bool = False, audio_shape: tuple[int, int, int] | None = None,
+                 reference_shape: tuple[int, int, int, int] | None = None):
         super().__init__()
         if num_workers < 0:
             raise ValueError(f"MockLatentDataModule.num_workers must be >= 0, got {num_workers}")
@@ -189,6 +193,11 @@ class MockLatentDataModule(_ResumableDataModule):
         self.shape = (latent_channels, num_frames, height, width)
         self.context_dim, self.context_length, self.num_classes = context_dim, context_length, num_classes
         self.batch_size, self.num_samples, self.seed, self.fps = batch_size, num_samples, seed, fps
+        self.audio_shape = None if audio_shape is None else tuple(audio_shape)
+        self.reference_shape = None if reference_shape is None else tuple(reference_shape)
+        if self.audio_shape is not None and (len(self.audio_shape) != 3 or not context_dim):
+            raise ValueError("MockLatentDataModule.audio_shape must be (channels, frames, mel bins) and needs "
+                             "context_dim (the audio stream's text)")
         self.tokenizer_spec = self.text_encoder_spec = None  # no encoders
         self.captions: list[str] = []
 
@@ -221,4 +230,10 @@ class MockLatentDataModule(_ResumableDataModule):
             t["context_mask"] = torch.ones(n, self.context_length, dtype=torch.bool)
         if self.num_classes:
             t["class_labels"] = torch.randint(0, self.num_classes, (n,), generator=g)
+        if self.audio_shape is not None:
+            t["audio_latents"] = torch.randn(n, *self.audio_shape, generator=g)
+            t["audio_context"] = torch.randn(n, self.context_length, self.context_dim, generator=g)
+            t["audio_context_mask"] = torch.ones(n, self.context_length, dtype=torch.bool)
+        if self.reference_shape is not None:
+            t["reference_latents"] = torch.randn(n, *self.reference_shape, generator=g)
         self.dataset = _DictDataset(t)

@@ -61,7 +61,8 @@ def objective_kind(objective) -> str:
     name = type(objective).__name__
     if isinstance(objective, (FlowMatching, EDM)):
         raise NotImplementedError(f"DMD2 is built for plain FlowMatching and EDM objectives; {name} (conditioning "
-                                  "frames, expert time ranges or DDPM preconditioning) is not built yet")
+                                  "frames, expert time ranges, DDPM preconditioning or an audio stream) is not built "
+                                  "yet")
     raise ValueError(f"DMD2.objective must be the teacher's FlowMatching or EDM objective, got {name}; pass the "
                      "objective the teacher was trained with")
 

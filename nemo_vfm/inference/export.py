@@ -15,9 +15,10 @@ our module paths. The scale ``alpha / rank`` is folded into ``lora_B`` (peft's d
 rank, i.e. scale 1, so the file loads exactly without an alpha entry); the header records rank, alpha
 and targets. ComfyUI does not read these keys for Wan ("lora key not loaded"): use ``comfyui``.
 
-``comfyui`` file (a family that declares ``comfyui_lora``: Wan): ``diffusion_model.<original Wan module>.lora_A.weight``
+``comfyui`` file (a family that declares ``comfyui_lora``: Wan, LTX-2): ``diffusion_model.<original module>.lora_A.weight``
 / ``.lora_B.weight`` (as trained) and ``.alpha``, which ComfyUI's LoraLoader applies as ``W + strength * alpha /
-rank * B @ A`` (see ``nemo_vfm.models.wan.comfy_lora``); at strength 1 that is the merged ``original`` export.
+rank * B @ A`` (see ``nemo_vfm.models.wan.comfy_lora``, ``nemo_vfm.models.ltx2.comfy_lora``); at strength 1 that is
+the merged ``original`` export.
 """
 
 import json

@@ -55,7 +55,8 @@ class FamilyGeneration:
     its published folders may be exported (``--export-safetensors``), else they are refused as not a training run
     (used as they are). ``sampler(ctx)``: set up
     once per run (:class:`SampleContext`: extra encoders, conditioning latents), returns ``sample(prompts) ->
-    (videos, seconds per stage)``."""
+    (videos, seconds per stage)``. ``unavailable``: set for a family that ``vfm generate`` cannot sample yet, the
+    sentence it fails with."""
 
     family: str
     kind: str | None = None
@@ -68,3 +69,4 @@ class FamilyGeneration:
     image_size: Callable | None = None
     export_published: bool = True
     sampler: Callable = default_sampler
+    unavailable: str | None = None

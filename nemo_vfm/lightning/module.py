@@ -27,7 +27,10 @@ from nemo_vfm.diffusion.conditioning import drop_condition
 
 OPTIMIZERS = ("adamw", "adamw8bit")
 TORCHAO_MISSING = "OptimConfig.name='adamw8bit' needs torchao: pip install 'nemo-vfm[fp8]' (or set optim.name='adamw')"
-COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents")  # last two: Wan I2V
+# image_embeds, cond_latents: Wan I2V; audio_*: a second (audio) stream's latents and text (LTX-2, taken by
+# nemo_vfm.diffusion.audio_video.AudioVideoFlowMatching); reference_latents: LTX-2 IC-LoRA reference videos
+COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents", "audio_latents",
+             "audio_context", "audio_context_mask", "reference_latents")
 
 
 @dataclass(kw_only=True)

@@ -8,6 +8,7 @@ from nemo_vfm.models.common.moe import MoEConfig
 from nemo_vfm.models.cosmos.model import CosmosConfig
 from nemo_vfm.models.dit.model import DiTConfig
 from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
+from nemo_vfm.models.ltx2.flavors import ltx2_config
 from nemo_vfm.models.moviegen.model import MovieGenConfig
 from nemo_vfm.models.stdit.flavors import stdit_config
 from nemo_vfm.models.wan.model import WanConfig
@@ -26,6 +27,8 @@ CONFIGS = {
     "hunyuan": lambda: HunyuanVideoConfig(num_layers=2, hidden_size=32, num_heads=4, num_refiner_layers=1,
                                           in_channels=9, out_channels=4, text_dim=16, glyph_dim=8, glyph_hidden=16,
                                           image_dim=12, rope_axes_dim=(2, 2, 4)),
+    "ltx2_gated_cross_mod": lambda: ltx2_config("tiny", gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
+                                                audio_cross_attn_mod=True, ff_bias=False),
 }
 
 

@@ -21,6 +21,7 @@ from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
 from nemo_vfm.models.families import _table, family_spec
 from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops, train_step_flops
 from nemo_vfm.models.hunyuan.flavors import hunyuan_config
+from nemo_vfm.models.ltx2.flavors import ltx2_config
 from nemo_vfm.models.moviegen.flavors import moviegen_config
 from nemo_vfm.models.stdit.flavors import stdit_config
 from nemo_vfm.models.wan.flavors import wan_config
@@ -110,9 +111,29 @@ def test_wan_i2v_counts_the_image_tokens():
     assert family_spec(cfg).flops(cfg, [24], [7]).forward > t2v.forward
 
 
+@pytest.mark.parametrize("audio, projected", [(True, False), (False, False), (True, True)],
+                         ids=["audio", "video_only", "audio_projected_text"])
+def test_ltx2_count_equals_the_measured_forward(audio, projected):
+    """Audio and video streams with gates and text adaLN; video only: the audio stream is neither run nor counted;
+    projected text (``prompt_embeddings=False``): no caption projections."""
+    cfg = ltx2_config("tiny", gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+                      prompt_embeddings=not projected)
+    (x, t), kwargs = _inputs(8, latent=(3, 4, 2), text=(5, 32 if projected else 16))
+    kwargs["context_mask"] = kwargs["context_mask"].float()
+    if audio:
+        kwargs.update(audio=torch.randn(B, 2, 7, 4), audio_context=torch.randn(B, 5, 16))
+    torch.manual_seed(0)
+    net = cfg.build().eval()
+    got = family_spec(cfg).flops(cfg, [24] * B, [5] * B, None, audio_lens=[7 if audio else 0] * B)
+    assert (got.linear, got.attention) == measured(net, x, t, **kwargs)
+    from nemo_vfm.models.ltx2.flops import audio_frames_for
+
+    assert audio_frames_for(ltx2_config("ltx2_19b"), (16, 16, 24)) == 126  # 121 frames at 24 fps: 5.04 s x 25
+
+
 def test_every_family_reports_and_an_unknown_config_does_not():
     configs = [dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny"),
-               cosmos_config("tiny"), hunyuan_config("tiny")]
+               cosmos_config("tiny"), hunyuan_config("tiny"), ltx2_config("tiny")]
     assert {family_spec(c).name for c in configs} == {s.name for s in _table()}
     for cfg in configs:
         fwd = family_spec(cfg).flops(cfg, [24, 24], [5, 5], [GRID, GRID])

@@ -79,11 +79,13 @@ def test_a_renamed_layer_fails_the_tp_plan_instead_of_losing_tensor_parallelism(
 
 
 def test_every_token_split_names_arguments_its_block_takes():
+    from nemo_vfm.models.ltx2.flavors import ltx2_config
     from nemo_vfm.models.moviegen.flavors import moviegen_config
     from nemo_vfm.models.stdit.flavors import stdit_config
     from nemo_vfm.models.wan.flavors import wan_config
 
-    for cfg in (dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny")):
+    for cfg in (dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny"),
+                ltx2_config("tiny")):
         block = cfg.build("meta").blocks[0]
         params = inspect.signature(block.forward).parameters
         assert set(family_spec(cfg).token_split.names()) <= params.keys(), type(block).__name__

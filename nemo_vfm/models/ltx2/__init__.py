@@ -1,0 +1,1 @@
+"""LTX-2 (Lightricks): joint audio + video diffusion transformer."""
