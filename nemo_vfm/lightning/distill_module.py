@@ -139,6 +139,9 @@ class DistillationModule(DiffusionModule):
             gen_loss, gen_logs = self.dmd.generator_loss(x0, self.teacher, self.critic, cond, uncond, g)
             backward(gen_loss)
             loss, logs = gen_loss.detach(), {**logs, **gen_logs, "generator_loss": gen_loss.detach()}
+        # network passes run, in forwards of this batch (the step log's FLOPs): k + 1 student passes, the critic's
+        # training pass (3), and on the generator's steps its backward (2), the teacher (2 with CFG) and the critic
+        self.forward_units = k + 1 + 3 + (2 + (1 if uncond is None else 2) + 1 if generator_turn else 0)
         critic_loss, critic_logs = self.dmd.critic_loss(self.critic, x0, cond, batch.get("loss_mask"), g)
         backward(critic_loss)
         logs.update({f"critic_{name}": v for name, v in critic_logs.items()}, critic_loss=critic_loss.detach())

@@ -34,7 +34,8 @@ class ThroughputLogger(StepEndCallback):
     micro-batch's times their number); the GPU is synchronised only at log steps, so the hot loop never waits for
     the host. FLOPs are the analytic model FLOPs of ``model_config``'s family (its spec's ``flops``, through
     :func:`nemo_vfm.models.flops.forward_flops`: 3x forward, recomputation not counted; none for a config of no
-    declared family), divided by the ranks that share one sample (TP x CP x PP) so that the figure is per GPU; MFU
+    declared family; a module that runs other passes says how many forwards a batch cost in ``forward_units``, as
+    DMD2's ``DistillationModule`` does), divided by the ranks that share one sample (TP x CP x PP) so that the figure is per GPU; MFU
     is against the device's dense bf16 peak. Under sparse self-attention they are the FLOPs computed (the tile pairs
     the pattern keeps); the line adds the dense-equivalent TFLOP/s, labelled as such
     (``perf/dense_equivalent_tflops_per_gpu``). ``patch_size``: the model's ``(pt, ph, pw)``. With ``out``, each log
@@ -118,7 +119,8 @@ class ThroughputLogger(StepEndCallback):
             lat = batch["latents"]
             self._samples += lat.shape[0]
             self._tokens += lat.shape[0] * tokens_per_sample(lat, self.patch_size)
-            self._flops = tuple(a + b for a, b in zip(self._flops, self._step_flops(batch, lat)))
+            units = getattr(pl_module, "forward_units", 3.0)  # network passes this batch ran, in forwards (3: fwd + bwd)
+            self._flops = tuple(a + b * units / 3.0 for a, b in zip(self._flops, self._step_flops(batch, lat)))
         self._batches += 1
         if not self.step_ended(trainer):  # a micro-batch that only accumulated
             return
