@@ -32,13 +32,22 @@ def frozen_state_keys(net: torch.nn.Module, roots=("model", "ema")) -> set[str]:
     return {f"{root}.{n}" for root in roots for n in frozen}
 
 
+def module_frozen_keys(module) -> set[str]:
+    """The state keys of every frozen weight the module's networks hold: the model's (and its EMA's) frozen base,
+    and those of the other networks it names (``extra_networks()``: DMD2's teacher, and the critic's base)."""
+    keys = frozen_state_keys(module.model)
+    for root, net in getattr(module, "extra_networks", dict)().items():
+        keys |= frozen_state_keys(net, roots=(root,))
+    return keys
+
+
 def omit_frozen_base(checkpoint: dict, module) -> None:
     """Drop the frozen base from ``checkpoint["state_dict"]`` (model and EMA) where it comes from a folder, and
     name that folder under :data:`BASE_ENTRY` (the LightningModule's ``on_save_checkpoint``)."""
     folder = base_folder(module)
     if folder is None or "state_dict" not in checkpoint:
         return
-    frozen = frozen_state_keys(module.model)
+    frozen = module_frozen_keys(module)
     state = checkpoint["state_dict"]
     omitted = [k for k in state if clean_name(k) in frozen]
     for k in omitted:
@@ -50,7 +59,7 @@ def omit_frozen_base(checkpoint: dict, module) -> None:
 def check_omitted(missing, module, path="the checkpoint") -> None:
     """Raise unless every state key ``missing`` from the checkpoint at ``path`` is a frozen base weight that the
     checkpoint left out on purpose (its network was built with that base already loaded)."""
-    frozen = frozen_state_keys(module.model)
+    frozen = module_frozen_keys(module)
     other = sorted(k for k in missing if clean_name(k) not in frozen)
     if other:
         raise ValueError(f"cannot resume from {path}: it lacks {len(other)} weight(s) that are not the frozen LoRA "

@@ -189,3 +189,51 @@ def test_comfyui_errors(tmp_path, capsys):
                             torch.zeros(48, 4)}, wan, 2, 2.0)
     with pytest.raises(ValueError, match="lack lora_A or lora_B"):
         comfyui_lora_state({"blocks.0.self_attn.q.lora_A.weight": a}, wan, 4, 4.0)
+
+
+def test_a_distilled_lora_student_exports_its_own_adapters_for_comfyui(tmp_path):
+    """A DMD2 run with LoRA (student and critic adapters on frozen bases, a frozen teacher): ``--format comfyui``
+    writes the student's adapters (not the critic's), ComfyUI reads every key, and the patched weights are the
+    student's merged export."""
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.diffusion.flow_matching import FlowMatching
+    from nemo_vfm.lightning.distill_module import DistillConfig
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    cfg, lora = WanConfig(in_channels=4, **TINY), LoRAConfig(rank=4, alpha=8.0, targets=WAN_TARGETS)
+    data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16, context_length=5,
+                                batch_size=2, num_samples=8)
+    torch.manual_seed(0)
+    teacher = cfg.build()
+    with torch.no_grad():  # a teacher whose output layer is not zero (Wan's initialisation zeroes it)
+        for p in teacher.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    init = tmp_path / "teacher" / "step=00000001.ckpt"
+    init.parent.mkdir()
+    torch.save({"state_dict": {f"model.{k}": v for k, v in teacher.state_dict().items()}, "global_step": 1,
+                "hyper_parameters": {"model_config": cfg, "objective": FlowMatching(shift=3.0)}}, init)
+    summary = train(model=cfg, data=data, objective=FlowMatching(shift=3.0), lora=lora, ema_decay=None, init_from=str(init),
+                    optim=OptimConfig(lr=1e-2, warmup_steps=0), distill=DistillConfig(num_steps=2, generator_update_every=1),
+                    trainer=TrainerConfig(max_steps=2, accelerator="cpu", devices=1, precision="32-true",
+                                          enable_progress_bar=False),
+                    log=ExperimentConfig(name="student", root=str(tmp_path), tensorboard=False))
+    state = torch.load(summary["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    student = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    critic = {k[len("critic."):]: v for k, v in state.items() if k.startswith("critic.")}
+    a = "blocks.0.self_attn.q.lora_B.weight"
+    assert not torch.equal(student[a], critic[a])  # two trained sets of adapters
+    out = tmp_path / "comfy.safetensors"
+    run = tmp_path / "student"
+    assert main(["export", "--ckpt", str(run), "--format", "comfyui", "--out", str(out)]) == 0
+    assert main(["export", "--ckpt", str(run), "--format", "original", "--out", str(tmp_path / "orig")]) == 0
+    merged = load_file(str(tmp_path / "orig" / "diffusion_pytorch_model.safetensors"))
+    lora_file = load_file(str(out))
+    patches, left = comfyui_load_lora(lora_file, comfyui_key_map(merged))
+    assert not left and patches
+    assert torch.equal(lora_file["diffusion_model.blocks.0.self_attn.q.lora_B.weight"], student[a])
+    base = {k: v for k, v in student.items() if ".lora_" not in k}
+    base = {k.replace(".base.", "."): v for k, v in base.items()}
+    patched = comfyui_apply(C.to_original(base), patches)
+    for k, w in merged.items():
+        assert (patched[k] - w.float()).abs().max() <= 1e-5, k

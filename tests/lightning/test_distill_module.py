@@ -218,3 +218,22 @@ def test_bad_distillation_settings_fail_before_anything_is_built(tmp_path):
     with pytest.raises(ValueError, match="critic_lr must be > 0"):
         DistillConfig(critic_lr=0.0)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_lora_distillation_names_every_frozen_weight_for_checkpoints_to_leave_out():
+    """On published weights a LoRA run's checkpoint leaves out what the folder holds: here the teacher whole and the
+    student's and critic's frozen bases (``lora_checkpoint.module_frozen_keys``); the adapters stay."""
+    from nemo_vfm.lightning.lora_checkpoint import module_frozen_keys
+    from nemo_vfm.models.common.lora import LoRAConfig
+
+    module = DistillationModule(_cfg(), FlowMatching(), DistillConfig(), ema_decay=None,
+                                lora=LoRAConfig(rank=2, targets=("attn.q", "attn.k")))
+    module.configure_model()
+    frozen = module_frozen_keys(module)
+    state = module.state_dict()
+    assert {k for k in state if k.startswith("teacher.")} <= frozen
+    assert not [k for k in frozen if ".lora_" in k]
+    for root in ("model", "critic"):
+        adapters = [k for k in state if k.startswith(root + ".") and ".lora_" in k]
+        assert adapters and not set(adapters) & frozen
+        assert any(k.startswith(root + ".") for k in frozen)
