@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "nemo_vfm"
-FAMILIES = ("dit", "stdit", "moviegen", "wan", "cosmos", "hunyuan")
-NAMES = "dit|stdit|st_dit|moviegen|wan|cosmos|hunyuan|hunyuanvideo"
-CONFIGS = "DiTConfig|STDiTConfig|MovieGenConfig|WanConfig|CosmosConfig|HunyuanVideoConfig"
+FAMILIES = ("dit", "stdit", "moviegen", "wan", "cosmos", "hunyuan", "kandinsky6")
+NAMES = "dit|stdit|st_dit|moviegen|wan|cosmos|hunyuan|hunyuanvideo|kandinsky6"
+CONFIGS = "DiTConfig|STDiTConfig|MovieGenConfig|WanConfig|CosmosConfig|HunyuanVideoConfig|Kandinsky6Config"
 BY_NAME = re.compile(
     rf"""(==|!=)\s*["']({NAMES})["']"""  # kind == "wan"
     rf"""|["']({NAMES})["']\s*(==|!=)"""  # "wan" == kind

@@ -188,3 +188,21 @@ def test_config_validation_names_the_field():
         cfg = tiny()
         b = inputs(cfg)
         cfg.build()(b["x"], b["t"], b["context"], b["mask"])
+
+
+@pytest.mark.parametrize("audio", [True, False])
+def test_flops_match_flop_counter(audio):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nemo_vfm.models.kandinsky6.flops import kandinsky6_forward_flops
+
+    for cfg in (tiny(), tiny(cross_gates=False, fix_modulation=False, audio_time_dim=None, visual_cond=False)):
+        net = cfg.build()
+        b = inputs(cfg, T=3, H=4, W=6, L=5, A=7, B=1)
+        with FlopCounterMode(display=False) as fc, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            ours_out(net, b, audio)
+        counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+        attention = counts.pop("aten.bmm", 0) + counts.pop("aten.baddbmm", 0)  # SDPA's math backend
+        got = kandinsky6_forward_flops(cfg, [18], [5], audio_lens=[7] if audio else None)
+        assert (got.linear, got.attention) == (sum(counts.values()), attention) and attention > 0

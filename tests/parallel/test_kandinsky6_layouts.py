@@ -1,0 +1,108 @@
+"""Kandinsky 6 under TP2, FSDP2, ring CP2 and all-to-all CP2 (alone and with FSDP2) gives the loss, every gradient and
+the weights after one SGD step of one process (gloo, CPU), with the audio stream on (a joint video + audio loss;
+under CP the audio-from-video cross-attention gathers the CP-split video keys), with image conditioning (the tail
+frame), and video only; sequence and pipeline parallelism and a token count that does not divide cp are refused."""
+
+import pytest
+import torch
+from gloo_launcher import run_distributed
+
+from bench import equivalence as E
+
+LAYOUTS = {"TP2": dict(tp=2), "FSDP2": dict(), "CP2 ring": dict(cp=2), "CP2 a2a": dict(cp=2, cp_kind="a2a"),
+           "CP2 ring x FSDP2": dict(cp=2, fsdp=True)}
+LR = 0.5
+
+
+def cfg():
+    from nemo_vfm.models.kandinsky6.flavors import kandinsky6_config
+
+    return kandinsky6_config("tiny", hidden_size=64, ffn_size=48, axes_dims=(4, 6, 6), time_dim=20,
+                             audio_hidden_size=32, audio_ffn_size=24, audio_time_dim=12)
+
+
+def problem():
+    torch.manual_seed(0)
+    model = cfg().build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, 3:] = False
+    batch = {"x": torch.randn(2, 4, 2, 4, 4, generator=g), "t": torch.rand(2, generator=g),
+             "context": torch.randn(2, 5, 16, generator=g), "context_mask": mask,
+             "pooled": torch.randn(2, 8, generator=g), "audio": torch.randn(2, 5, 6, generator=g),
+             "image": torch.randn(2, 4, 4, 4, generator=g), "target": torch.randn(2, 4, 2, 4, 4, generator=g),
+             "audio_target": torch.randn(2, 5, 6, generator=g)}
+    return {"state": {k: v.clone() for k, v in model.state_dict().items()}, "latent": (2, 4, 4)}, batch
+
+
+def loss_of(model, b, mode):
+    kw = dict(audio=None if mode == "video" else b["audio"], image_latents=b["image"] if mode == "image" else None)
+    out = model(b["x"], b["t"], b["context"], b["context_mask"], b["pooled"], **kw)
+    if mode == "video":
+        return ((out - b["target"]) ** 2).mean()
+    return ((out[0] - b["target"]) ** 2).mean() + ((out[1] - b["audio_target"]) ** 2).mean()
+
+
+def _worker(rank, world, layouts, mode):
+    from nemo_vfm.models.kandinsky6 import family as P
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.grads import split_dtensor_groups, sync_grads
+
+    prob, b = problem()
+    out = {}
+    for name, kw in layouts.items():
+        dims = ParallelDims(world_size=world, **kw)
+        pmesh, modules, _ = E.build_parallel(cfg(), prob, dims, torch.device("cpu"), param_dtype=None,
+                                             reduce_dtype=None)
+        model = modules[0]
+        gathers = sum(isinstance(m, P.GatherKeysCore) for m in model.modules())
+        assert gathers == (cfg().num_layers if dims.cp > 1 else 0), (name, gathers)
+        loss = loss_of(model, b, mode)
+        loss.backward()
+        sync_grads(model, pmesh, tp_partial=P.TP_PARTIAL)
+        grads = E._collect(modules, "grad")
+        torch.optim.SGD(split_dtensor_groups([{"params": list(model.parameters())}]), lr=LR).step()
+        out[name] = (loss.item(), grads, E._collect(modules, "param"))
+    return out
+
+
+def _reference(mode):
+    prob, b = problem()
+    model = cfg().build("meta").to_empty(device="cpu")
+    model.load_state_dict(prob["state"])
+    loss = loss_of(model, b, mode)
+    loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    torch.optim.SGD(model.parameters(), lr=LR).step()
+    return loss.item(), ref, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["audio", "image", "video"])
+def test_layouts_match_one_process(mode):
+    loss, ref, params = _reference(mode)
+    layouts = LAYOUTS if mode == "audio" else {k: LAYOUTS[k] for k in ("TP2", "CP2 ring")}
+    for out in run_distributed(_worker, 2, layouts, mode):
+        for name, (got_loss, grads, got_params) in out.items():
+            assert abs(got_loss - loss) <= 1e-5 * loss, name
+            assert set(grads) >= set(ref), (name, sorted(set(ref) - set(grads)))
+            for n, g in ref.items():
+                assert (grads[n] - g).abs().max() <= 1e-4 * g.abs().max().clamp_min(1e-8), (name, n)
+            for n, p in params.items():
+                assert (got_params[n] - p).abs().max() <= 1e-5 * p.abs().max().clamp_min(1e-8), (name, n)
+
+
+@pytest.mark.parametrize("kw,latent,match", [
+    (dict(pp=2), None, "pipeline-parallel"),
+    (dict(tp=2, sequence_parallel=True), None, "sequence parallelism"),
+    (dict(tp=4), None, "audio stream's 2 heads"),
+    (dict(cp=2), (3, 2, 2), "divisible"),
+])
+def test_refused_layouts_name_the_fix(kw, latent, match):
+    from nemo_vfm.models.kandinsky6.family import check_layout
+    from nemo_vfm.parallel.dims import ParallelDims
+
+    with pytest.raises(ValueError, match=match):
+        check_layout(cfg(), ParallelDims(world_size=8, **kw), latent)
