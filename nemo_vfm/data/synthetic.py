@@ -176,7 +176,7 @@ class MockLatentDataModule(_ResumableDataModule):
     def __init__(self, *, latent_channels: int | None = 16, num_frames: int = 8, height: int = 32, width: int = 32,
                  context_dim: int | None = 1024, context_length: int = 512, num_classes: int = 0,
                  batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0, num_workers: int = 0,
-                 match_model: bool = False):
+                 match_model: bool = False, pooled_dim: int | None = None):
         super().__init__()
         if num_workers < 0:
             raise ValueError(f"MockLatentDataModule.num_workers must be >= 0, got {num_workers}")
@@ -188,6 +188,7 @@ class MockLatentDataModule(_ResumableDataModule):
         self.num_workers = num_workers  # loader processes: batches are collated and pinned off the training loop
         self.shape = (latent_channels, num_frames, height, width)
         self.context_dim, self.context_length, self.num_classes = context_dim, context_length, num_classes
+        self.pooled_dim = pooled_dim  # also a pooled text embedding ``pooled_context (Dp,)`` per sample (Kandinsky 6)
         self.batch_size, self.num_samples, self.seed, self.fps = batch_size, num_samples, seed, fps
         self.tokenizer_spec = self.text_encoder_spec = None  # no encoders
         self.captions: list[str] = []
@@ -219,6 +220,8 @@ class MockLatentDataModule(_ResumableDataModule):
         if self.context_dim:
             t["context"] = torch.randn(n, self.context_length, self.context_dim, generator=g)
             t["context_mask"] = torch.ones(n, self.context_length, dtype=torch.bool)
+        if self.pooled_dim:
+            t["pooled_context"] = torch.randn(n, self.pooled_dim, generator=g)
         if self.num_classes:
             t["class_labels"] = torch.randint(0, self.num_classes, (n,), generator=g)
         self.dataset = _DictDataset(t)

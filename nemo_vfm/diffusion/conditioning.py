@@ -1,7 +1,7 @@
 """Conditioning dicts and classifier-free-guidance helpers.
 
 A conditioning dict holds the network's keyword inputs besides ``x`` and ``timesteps``:
-``context (B, L, Dt)``, ``context_mask (B, L) bool``, ``class_labels (B,)``, ``fps (B,)``.
+``context (B, L, Dt)``, ``context_mask (B, L) bool``, ``pooled_context (B, Dp)`` (a pooled text embedding), ``class_labels (B,)``, ``fps (B,)``.
 The *null* condition is all-zero context with an all-False mask, or the null class label. Image conditioning
 (``image_embeds``, ``cond_latents``, conditioning frames) stays in both the null condition and condition dropout:
 the Wan, Cosmos and HunyuanVideo samplers guide on the text only, so training drops only what sampling drops.
@@ -19,6 +19,8 @@ def null_condition(cond: dict, num_classes: int | None = None) -> dict:
         out["context"] = torch.zeros_like(cond["context"])
         if cond.get("context_mask") is not None:
             out["context_mask"] = torch.zeros_like(cond["context_mask"])
+    if cond.get("pooled_context") is not None:
+        out["pooled_context"] = torch.zeros_like(cond["pooled_context"])
     if cond.get("class_labels") is not None:
         if num_classes is None:
             raise ValueError("null_condition needs num_classes for class-conditional models")
@@ -36,7 +38,7 @@ def drop_condition(cond: dict, p: float, generator: torch.Generator | None = Non
     null = null_condition(cond, num_classes)
     out = dict(cond)
     for key, value in cond.items():
-        if isinstance(value, torch.Tensor) and key in ("context", "context_mask", "class_labels"):
+        if isinstance(value, torch.Tensor) and key in ("context", "context_mask", "pooled_context", "class_labels"):
             d = drop.view(-1, *([1] * (value.dim() - 1)))
             out[key] = torch.where(d, null[key], value)
     return out

@@ -27,7 +27,8 @@ from nemo_vfm.diffusion.conditioning import drop_condition
 
 OPTIMIZERS = ("adamw", "adamw8bit")
 TORCHAO_MISSING = "OptimConfig.name='adamw8bit' needs torchao: pip install 'nemo-vfm[fp8]' (or set optim.name='adamw')"
-COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents")  # last two: Wan I2V
+COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents",  # these two: Wan I2V
+             "pooled_context")  # a pooled text embedding (CLIP: Kandinsky 6)
 
 
 @dataclass(kw_only=True)

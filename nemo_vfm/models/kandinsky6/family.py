@@ -110,7 +110,16 @@ def check_layout(cfg: Kandinsky6Config, dims: ParallelDims, latent_shape: tuple[
     dims.check_model(num_heads=cfg.num_heads, num_layers=cfg.num_layers, num_tokens=tokens, pad_tokens=False)
 
 
+def comfyui_lora(lora_state, cfg, rank, alpha, dtype):
+    """Not built: the key convention of ComfyUI's Kandinsky 6 nodes (kandinskylab's ``kandinsky6`` custom nodes) for
+    LoRA files is not known to nemo-vfm, so no ComfyUI layout is written."""
+    raise NotImplementedError("a ComfyUI LoRA layout for Kandinsky 6 is not built: the LoRA key convention of "
+                              "ComfyUI's Kandinsky 6 nodes is not known to nemo-vfm; export with --format lora "
+                              "(diffusers/peft layout) instead")
+
+
 SPEC = FamilySpec(name="kandinsky6", config=Kandinsky6Config, check_layout=check_layout, knobs=COMMON_KNOBS,
                   tp_plan=TP_PLAN, sp_input_arity={}, token_split=TOKEN_SPLIT, pad_tokens=False,
                   self_attention_cores=SELF_ATTENTION_CORES, install_cp=install_cp, tp_partial=TP_PARTIAL,
-                  flops=kandinsky6_forward_flops, weights=ADAPTER, save_weights=save_weights)
+                  flops=kandinsky6_forward_flops, weights=ADAPTER, save_weights=save_weights,
+                  comfyui_lora=comfyui_lora)

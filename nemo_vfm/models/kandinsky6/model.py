@@ -122,7 +122,7 @@ class Kandinsky6Config:
         return sum(self.audio_axes_dims or self.axes_dims)
 
     @property
-    def cond_channels(self) -> int:
+    def cond_latent_channels(self) -> int:
         """Channels of ``cond_latents`` (the conditioning latent + its mask), 0 without ``visual_cond``."""
         return self.in_channels + 1 if self.visual_cond else 0
 
