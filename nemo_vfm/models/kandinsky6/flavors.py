@@ -22,8 +22,6 @@ Text: Qwen2.5-VL-7B final hidden states (3584 wide; the pipeline crops the 129-t
 audio latents: MMAudio's VAE (20 channels, 1024-sample hop at 44.1 kHz).
 """
 
-from __future__ import annotations
-
 from nemo_vfm.models.kandinsky6.model import Kandinsky6Config
 
 _RELEASE = dict(ca_rope=True, cross_gates=True, fix_modulation=True, text_token_padding=True, num_token_types=2)
