@@ -9,8 +9,8 @@ channels) with Qwen2.5-VL-7B text states (``context (L, 3584)`` + ``context_mask
 Energon task encoder does not carry ``pooled_context``, so only data modules that yield it (``MockLatentDataModule``
 with ``pooled_dim=768``) train these recipes today. The training path is video only: the audio stream is not run
 (its weights are kept as loaded); a joint video + audio objective is not built. Objective: rectified flow with a
-velocity target, uniform times (shift 1.0: the release's training shift is not known here). Speed and memory on GPUs:
-not measured.
+velocity target, uniform times (shift 1.0: the release's training shift is not known here), sampled on the
+pipeline's Euler grid. Speed and memory on GPUs: not measured.
 
 CLI::
 
@@ -53,7 +53,8 @@ def _finetune(flavor: str, name: str) -> run.Partial:
         data=energon_datamodule(path="data/kandinsky6_prepared", micro_batch_size=1, patch_size=(1, 2, 2)),
         trainer=run.Config(TrainerConfig, max_steps=2000, precision="bf16-mixed", log_every_n_steps=10,
                            checkpoint_every_n_steps=250, gradient_clip_val=1.0),
-        objective=run.Config(FlowMatching, shift=SAMPLING[flavor]["shift"], time_sampling="uniform"),
+        objective=run.Config(FlowMatching, shift=SAMPLING[flavor]["shift"], time_sampling="uniform",
+                             euler_grid="diffusers"),
         optim=run.Config(OptimConfig, lr=1e-5, weight_decay=0.0, warmup_steps=50, betas=(0.9, 0.999)),
         log=run.Config(ExperimentConfig, name=name, root="experiments"),
         sampling=run.Config(SamplingConfig, enabled=False, sampler="euler", num_steps=50,

@@ -20,8 +20,8 @@ class Generation(Mapping):
     ``tokenizer`` / ``text_encoder``: ``{"name", "kwargs"}`` for ``build_tokenizer`` / ``build_text_encoder``;
     ``latent_shape``: ``(C, t, h, w)`` of the trained size; ``fps``; ``sampler``, ``negative_prompt``, ``guidance``:
     the release's defaults; conditioning inputs: ``image_encoder`` (a folder, or ``{"path"}``), ``experts``
-    (``{"boundary"}``: a second, low-noise network), ``glyph_encoder`` (``{"path"}``: ByT5), ``target_size`` and
-    ``spatial`` (HunyuanVideo's size buckets)."""
+    (``{"boundary"}``: a second, low-noise network), ``glyph_encoder`` (``{"path"}``: ByT5), ``clip_encoder`` (``{"path"}``:
+    CLIP's pooled text, Kandinsky 6), ``target_size`` and ``spatial`` (HunyuanVideo's size buckets)."""
 
     tokenizer: dict | None = None
     text_encoder: dict | None = None
@@ -33,6 +33,7 @@ class Generation(Mapping):
     image_encoder: str | dict | None = None
     experts: dict | None = None
     glyph_encoder: dict | None = None
+    clip_encoder: dict | None = None
     target_size: int | None = None
     spatial: int | None = None
     present: frozenset = field(default=frozenset(), repr=False)  # the entries it has (default: those not None)

@@ -60,8 +60,9 @@ def kandinsky6_config(flavor: str = "lite_3b", pretrained: str | None = None, **
 
 
 def kandinsky6_objective(flavor: str = "lite_3b", **overrides):
-    """Rectified flow with a velocity target ``n - x0`` (the pipeline's FlowMatchEulerDiscreteScheduler integrates
-    it), times drawn uniformly and shifted by the flavor's shift."""
+    """Rectified flow with a velocity target ``n - x0``, times drawn uniformly and shifted by the flavor's shift;
+    sampled on diffusers' FlowMatchEulerDiscreteScheduler grid (``euler_grid="diffusers"``), as the pipeline."""
     from nemo_vfm.diffusion.flow_matching import FlowMatching
 
-    return FlowMatching(**{"shift": SAMPLING[_key(flavor)]["shift"], "time_sampling": "uniform", **overrides})
+    return FlowMatching(**{"shift": SAMPLING[_key(flavor)]["shift"], "time_sampling": "uniform",
+                           "euler_grid": "diffusers", **overrides})

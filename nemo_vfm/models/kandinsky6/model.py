@@ -238,7 +238,12 @@ class Kandinsky6Attention(nn.Module):
             q = apply_rope_interleaved(q.float(), *rope_q).to(v.dtype)
         if rope_kv is not None:
             k = apply_rope_interleaved(k.float(), *rope_kv).to(v.dtype)
-        out = self.core(q, k, v, None if mask is None else mask[:, None, None, :])
+        if mask is None:
+            out = self.core(q, k, v)
+        else:  # a key mask with no key left (the null prompt) gives zeros, as torch's SDPA does; every kernel agrees
+            empty = ~mask.any(-1)  # (B,)
+            out = self.core(q, k, v, (mask | empty[:, None])[:, None, None, :])
+            out = out * (~empty).to(out.dtype)[:, None, None, None]
         return self.out_layer(out.transpose(1, 2).flatten(2))
 
 
@@ -399,7 +404,7 @@ class Kandinsky6Model(nn.Module):
         """``cond_latents (B, C + 1, T, H, W)``: the conditioning latent and mask channels (``visual_cond``; zeros
         when None, as the pipeline's text-to-video). ``image_latents (B, C, H, W)``: a clean first frame appended as
         the tail frame (the pipeline's image-to-video). A prompt whose mask is all False (the null condition of CFG
-        dropout) attends to all its (zero) tokens instead of none."""
+        dropout) gives zero text attention, as diffusers on torch's SDPA."""
         cfg = self.cfg
         if packed is not None or class_labels is not None:
             raise ValueError("Kandinsky 6 takes unpacked latents and text only (no packed batches, no class labels)")
@@ -412,7 +417,7 @@ class Kandinsky6Model(nn.Module):
             raise ValueError("image_latents needs a Kandinsky6Config with visual_cond=True and num_token_types >= 2")
         B, T = x.shape[0], x.shape[2]
         if context_mask is not None:
-            context_mask = context_mask.bool() | ~context_mask.bool().any(1, keepdim=True)
+            context_mask = context_mask.bool()
         x = x.permute(0, 2, 3, 4, 1)  # (B, T, H, W, C)
         if image_latents is not None:
             x = torch.cat([x, image_latents.permute(0, 2, 3, 1)[:, None].to(x.dtype)], 1)

@@ -206,3 +206,16 @@ def test_flops_match_flop_counter(audio):
         attention = counts.pop("aten.bmm", 0) + counts.pop("aten.baddbmm", 0)  # SDPA's math backend
         got = kandinsky6_forward_flops(cfg, [18], [5], audio_lens=[7] if audio else None)
         assert (got.linear, got.attention) == (sum(counts.values()), attention) and attention > 0
+
+
+def test_a_fully_masked_prompt_matches_diffusers():
+    """CFG dropout's null prompt (mask all False): zero text attention, as diffusers on torch's SDPA gives."""
+    cfg = tiny()
+    ours, ref = pair(cfg, seed=2)
+    b = inputs(cfg)
+    b["mask"][0] = False
+    with torch.no_grad():
+        got, want = ours_out(ours, b), reference(ref, cfg, b)
+    assert torch.isfinite(got[0]).all()
+    close(got[0], want[0])
+    close(got[1], want[1])
