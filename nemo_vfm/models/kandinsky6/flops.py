@@ -42,7 +42,7 @@ def kandinsky6_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[i
     ``audio_lens`` audio latent frames (None: video only, the training path). ``grids`` is not needed."""
     seq_lens, text_lens = count.check_samples(seq_lens, text_lens, needs_text=True)
     audio_lens = [0] * len(seq_lens) if audio_lens is None else [int(a) for a in audio_lens]
-    d, da, td, ta, f, fa = (cfg.hidden_size, cfg.audio_dim, cfg.time_dim, cfg.audio_a_time_dim, cfg.ffn_size,
+    d, da, td, ta, f, fa = (cfg.hidden_size, cfg.audio_dim, cfg.time_dim, cfg.audio_time, cfg.ffn_size,
                             cfg.audio_ffn)
     p = math.prod(cfg.patch_size)
     p_in = p * (2 * cfg.in_channels + 1 if cfg.visual_cond else cfg.in_channels)

@@ -91,7 +91,7 @@ class Kandinsky6Config:
         if self.ca_rope and self.head_dim != self.audio_head_dim:
             raise ValueError(f"Kandinsky6Config.ca_rope needs equal video and audio head dims, got {self.head_dim} and "
                              f"{self.audio_head_dim}")
-        if not self.fix_modulation and self.time_dim != self.audio_a_time_dim:
+        if not self.fix_modulation and self.time_dim != self.audio_time:
             raise ValueError("Kandinsky6Config.fix_modulation=False feeds each stream's time embedding to the other's "
                              "modulation: time_dim and audio_time_dim must be equal")
         if min(self.num_layers, self.num_text_layers, self.in_channels, self.out_channels) < 1:
@@ -110,7 +110,7 @@ class Kandinsky6Config:
         return self.audio_hidden_size or self.hidden_size
 
     @property
-    def audio_a_time_dim(self) -> int:
+    def audio_time(self) -> int:
         return self.audio_time_dim or self.time_dim
 
     @property
@@ -292,7 +292,7 @@ class Kandinsky6Block(nn.Module):
 
     def __init__(self, cfg: Kandinsky6Config):
         super().__init__()
-        d, da, td, ta = cfg.hidden_size, cfg.audio_dim, cfg.time_dim, cfg.audio_a_time_dim
+        d, da, td, ta = cfg.hidden_size, cfg.audio_dim, cfg.time_dim, cfg.audio_time
         self.video = Stream(d, td, cfg.ffn_size, cfg.head_dim)
         self.audio = Stream(da, ta, cfg.audio_ffn, cfg.audio_head_dim)
         self.va_cross_attention = Kandinsky6Attention(d, cfg.head_dim, kv_dim=da)
@@ -356,9 +356,9 @@ class Kandinsky6Model(nn.Module):
         self.visual_token_type_embeddings = nn.Embedding(cfg.num_token_types, d) if cfg.num_token_types else None
         self.out_layer = OutLayer(d, cfg.time_dim, math.prod(cfg.patch_size) * cfg.out_channels)
         self.audio_embeddings = TextEmbedding(cfg.audio_channels, da)
-        self.audio_out_layer = OutLayer(da, cfg.audio_a_time_dim, cfg.audio_out_channels, twice=True)
+        self.audio_out_layer = OutLayer(da, cfg.audio_time, cfg.audio_out_channels, twice=True)
         for s, dim, td, ffn, h in (("video", d, cfg.time_dim, cfg.ffn_size, hd),
-                                   ("audio", da, cfg.audio_a_time_dim, cfg.audio_ffn, hda)):
+                                   ("audio", da, cfg.audio_time, cfg.audio_ffn, hda)):
             setattr(self, f"{s}_time_embeddings", TimeEmbedding(dim, td))
             setattr(self, f"{s}_text_embeddings", TextEmbedding(cfg.context_dim, dim))
             setattr(self, f"{s}_pooled_text_embeddings", TextEmbedding(cfg.pooled_dim, td))
