@@ -106,3 +106,34 @@ def test_refused_layouts_name_the_fix(kw, latent, match):
 
     with pytest.raises(ValueError, match=match):
         check_layout(cfg(), ParallelDims(world_size=8, **kw), latent)
+
+
+def _train(rank, world, root, folder, strategy_kw):
+    """One step of ``train()`` on mock latents with Qwen-width text and CLIP-width pooled text (``pooled_context``
+    flows from the batch through the strategy into the network)."""
+    import dataclasses
+
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.lightning.strategy import VFMParallelStrategy
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    data = MockLatentDataModule(latent_channels=4, num_frames=4, height=4, width=4, context_dim=16, context_length=3,
+                                pooled_dim=8, batch_size=2, num_samples=8)
+    strategy = VFMParallelStrategy(**strategy_kw) if strategy_kw else "auto"
+    trainer = TrainerConfig(max_steps=1, devices=world, accelerator="cpu", precision="32-true", strategy=strategy,
+                            log_every_n_steps=1, checkpoint_every_n_steps=5, enable_progress_bar=False,
+                            gradient_clip_val=None)
+    return train(model=dataclasses.replace(cfg(), pretrained=folder), data=data, trainer=trainer, ema_decay=None,
+                 log=ExperimentConfig(name="k6", root=root, tensorboard=False))["loss"]
+
+
+@pytest.mark.parametrize("kw", [dict(context_parallel_size=2), dict(tensor_model_parallel_size=2)])
+def test_trains_through_the_strategy_like_one_process(tmp_path, kw):
+    from nemo_vfm.models.kandinsky6.convert import save_weights
+
+    prob, _ = problem()
+    folder = str(save_weights(prob["state"], tmp_path / "k6", cfg()))
+    kw = dict(kw, fsdp=False, param_dtype=None)
+    single = _train(0, 1, str(tmp_path / "single"), folder, None)
+    parallel = run_distributed(_train, 2, str(tmp_path / "parallel"), folder, kw)
+    assert parallel[0] == pytest.approx(single, rel=1e-5) and parallel[1] == pytest.approx(single, rel=1e-5)
