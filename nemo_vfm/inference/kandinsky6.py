@@ -90,6 +90,10 @@ def clip_encoder(info, device: str = "cpu"):
     """The folder's CLIP text encoder (pooled output; build it on rank 0 only, as the text encoder)."""
     from nemo_vfm.tokenizers.clip_pooled import ClipPooledEncoder
 
+    if "clip_encoder" not in info.generation:
+        raise ValueError(f"{info.path} does not record a CLIP text encoder (only published Kandinsky 6 pipeline folders "
+                         "do); export the run with `vfm export --format diffusers`, copy the pipeline's other folders "
+                         "beside its transformer/, and generate from that folder")
     return ClipPooledEncoder(info.generation["clip_encoder"]["path"], device=device)
 
 
