@@ -4,10 +4,13 @@ The network reads a Kandinsky 6 transformer or pipeline folder (diffusers layout
 with it set, the folder's own ``config.json`` decides the architecture (``kandinsky6_config``), so the published
 network is built whatever the flavor's derived sizes (``nemo_vfm.models.kandinsky6.flavors``). Without it, they
 train the derived ``lite_3b`` layout from a random initialisation. The data are HunyuanVideo VAE latents (16
-channels) with Qwen2.5-VL-7B text states (``context (L, 3584)`` + ``context_mask``) and CLIP ViT-L pooled text
-(``pooled_context (768,)``); ``vfm prepare`` produces none of the three text tensors for this family yet and the
-Energon task encoder does not carry ``pooled_context``, so only data modules that yield it (``MockLatentDataModule``
-with ``pooled_dim=768``) train these recipes today. The training path is video only: the audio stream is not run
+channels) with Qwen2.5-VL-7B text states in the release's template (``context (L, 3584)`` + ``context_mask``) and
+CLIP ViT-L pooled text (``pooled_context (768,)``), bucketed (not packed)::
+
+    vfm prepare input=clips/ output=data/kandinsky6_prepared tokenizer=hunyuan tokenizer.path=K6_PIPELINE \
+        text_encoder=qwen2_5_vl text_encoder.path=K6_PIPELINE text_encoder.template=kandinsky6 clip_pooled=K6_PIPELINE
+
+The training path is video only: the audio stream is not run
 (its weights are kept as loaded); a joint video + audio objective is not built. Objective: rectified flow with a
 velocity target, uniform times (shift 1.0: the release's training shift is not known here), sampled on the
 pipeline's Euler grid. Speed and memory on GPUs: not measured.

@@ -180,6 +180,9 @@ class EnergonDataModule(pl.LightningDataModule):
         if self.image_condition is not None and max_seq_length is not None:
             raise ValueError(f"{path} was prepared with image_condition={self.image_condition}, which packed "
                              "batches do not carry; set max_seq_length=None (bucketed batches)")
+        if spec.get("clip_pooled") and max_seq_length is not None:
+            raise ValueError(f"{path} was prepared with clip_pooled= (pooled text embeddings), which packed batches "
+                             "do not carry; set max_seq_length=None (bucketed batches)")
 
     @property
     def image_condition(self) -> str | None:
