@@ -209,6 +209,8 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
         if data.tokenizer_spec is not None:  # what vfm generate rebuilds
             module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
                                             "latent_shape": list(data.latent_shape), "fps": data.fps}
+            if getattr(data, "clip_pooled", None):  # pooled CLIP text (Kandinsky 6): its encoder too
+                module.hparams["generation"]["clip_encoder"] = {"path": data.clip_pooled}
         callbacks, samples = _callbacks(model, data, trainer_cfg, log.dir, sampling, init_from, resume)
         pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank)
         _fit(pl_trainer, module, data, resume, log, rank)

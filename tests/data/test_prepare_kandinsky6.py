@@ -1,6 +1,7 @@
 """Kandinsky 6 data: ``vfm prepare`` with the Kandinsky 6 text encoders (``qwen2_5_vl template=kandinsky6`` and
 ``clip_pooled=DIR``) and the HunyuanVideo VAE stores the pipeline's prompt states and a ``pooled_text.npy`` part; the
-Energon loader yields ``pooled_context`` with the buckets (packing refuses it); the LoRA recipe trains on it."""
+Energon loader yields ``pooled_context`` with the buckets (packing refuses it); the LoRA recipe trains on it, and
+``vfm generate`` samples from that run with the encoders it recorded."""
 
 import importlib.util
 from pathlib import Path
@@ -79,3 +80,11 @@ def test_lora_recipe_trains_on_prepared_data(prepared, tmp_path):
     recipe.log.root, recipe.log.tensorboard = str(tmp_path / "runs"), False
     out = fdl.build(recipe)()
     assert out["step"] == 2 and torch.isfinite(torch.tensor(out["loss"]))
+    # the run records the dataset's encoders (VAE, Qwen2.5-VL template, CLIP): vfm generate samples from it
+    from nemo_vfm.cli.main import main
+
+    videos = tmp_path / "videos"
+    rc = main(["generate", "--ckpt", str(out["checkpoint"]), "--prompt", "a red square moving left", "--frames", "5",
+               "--height", "32", "--width", "32", "--device", "cpu", "--steps", "2", "--guidance", "4",
+               "--out", str(videos)])
+    assert rc == 0 and list(videos.rglob("*.mp4"))
