@@ -18,7 +18,7 @@ def cfg():
     from nemo_vfm.models.kandinsky6.flavors import kandinsky6_config
 
     return kandinsky6_config("tiny", hidden_size=64, ffn_size=48, axes_dims=(4, 6, 6), time_dim=20,
-                             audio_hidden_size=32, audio_ffn_size=24, audio_time_dim=12)
+                             audio_hidden_size=32, audio_ffn_size=24, audio_time_dim=12, train_all_layers=True)
 
 
 def problem():
@@ -123,7 +123,7 @@ def _train(rank, world, root, folder, strategy_kw):
     trainer = TrainerConfig(max_steps=1, devices=world, accelerator="cpu", precision="32-true", strategy=strategy,
                             log_every_n_steps=1, checkpoint_every_n_steps=5, enable_progress_bar=False,
                             gradient_clip_val=None)
-    return train(model=dataclasses.replace(cfg(), pretrained=folder), data=data, trainer=trainer, ema_decay=None,
+    return train(model=dataclasses.replace(cfg(), pretrained=folder, train_all_layers=False), data=data, trainer=trainer, ema_decay=None,
                  log=ExperimentConfig(name="k6", root=root, tensorboard=False))["loss"]
 
 

@@ -72,6 +72,10 @@ class Kandinsky6Config:
     num_token_types: int = 2  # visual_token_type_num_embeddings (>= 2 for image conditioning; 0: none)
     text_token_padding: bool = True  # config metadata of the release (kept for the round trip)
     timestep_scale: float = 1000.0  # the network gets t in [0, 1]; the release's time input is 1000 t
+    # False: the parameters only audio latents (audio embeddings, text branch, stream, cross-modal attention, head) or
+    # image conditioning (token types) use are built with requires_grad=False, so text-to-video training (what the
+    # objectives and data here do) neither updates them nor keeps optimizer state for them; True: every layer trains
+    train_all_layers: bool = False
     pretrained: str | None = None
 
     def __post_init__(self):
@@ -365,6 +369,17 @@ class Kandinsky6Model(nn.Module):
             setattr(self, f"{s}_text_blocks", nn.ModuleList(TextBlock(dim, td, ffn, h)
                                                             for _ in range(cfg.num_text_layers)))
         self.blocks = nn.ModuleList(Kandinsky6Block(cfg) for _ in range(cfg.num_layers))
+        if not cfg.train_all_layers:
+            for m in self.unused_by_text_to_video():
+                m.requires_grad_(False)
+
+    def unused_by_text_to_video(self) -> list[nn.Module]:
+        """The modules only audio latents or image conditioning use (text-to-video runs without them)."""
+        top = [self.visual_token_type_embeddings] if self.visual_token_type_embeddings is not None else []
+        top += [self.audio_embeddings, self.audio_out_layer, self.audio_time_embeddings, self.audio_text_embeddings,
+               self.audio_pooled_text_embeddings, self.audio_text_blocks]
+        return top + [m for b in self.blocks for m in (b.audio, b.va_cross_attention, b.av_cross_attention,
+                                                       b.va_modulation, b.av_modulation)]
 
     @property
     def final_layer(self) -> OutLayer:
