@@ -199,13 +199,15 @@ class MockLatentDataModule(_ResumableDataModule):
 
     def take_model_shape(self, model) -> None:
         """``match_model``: unset latent channels become the model's noise channels (``in_channels`` less its
-        conditioning channels), an unset ``context_dim`` the model's (None: no text)."""
+        conditioning channels), an unset ``context_dim`` (None: no text) and ``pooled_dim`` the model's."""
         if not self.match_model:
             return
         if self.shape[0] is None:
             self.shape = (model.in_channels - getattr(model, "cond_channels", 0), *self.shape[1:])
         if self.context_dim is None:
             self.context_dim = getattr(model, "context_dim", None)
+        if self.pooled_dim is None:  # a model that takes a pooled text embedding (Kandinsky 6) gets one
+            self.pooled_dim = getattr(model, "pooled_dim", None)
 
     def build_encoders(self) -> None:
         """None: random latents come from no tokenizer (no previews; ``tokenizer_spec`` is None)."""
