@@ -64,7 +64,11 @@ def _vae():
 def folder(tmp_path_factory):
     """A Kandinsky6TI2VAPipeline folder at tiny sizes (Qwen hidden 16 = context_dim, CLIP hidden 8 = pooled_dim)."""
     import transformers
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline, Kandinsky6Transformer3DModel
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        Kandinsky6TI2VAPipeline,
+        Kandinsky6Transformer3DModel,
+    )
 
     root = tmp_path_factory.mktemp("k6_pipe")
     cfg = kandinsky6_config("tiny")

@@ -130,7 +130,7 @@ class Kandinsky6Config:
         """Channels of ``cond_latents`` (the conditioning latent + its mask), 0 without ``visual_cond``."""
         return self.in_channels + 1 if self.visual_cond else 0
 
-    def build(self, device: str | torch.device | None = None) -> "Kandinsky6Model":
+    def build(self, device: str | torch.device | None = None) -> Kandinsky6Model:
         """The network on ``device``: initialised, or loaded from ``pretrained`` (``'meta'``: unallocated)."""
         from nemo_vfm.models.common.published import build_published
 
