@@ -207,10 +207,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
                                  lora=lora)
         module.base_from_init = init_from is not None  # a LoRA base from init_from is saved (lora_checkpoint.py)
         if data.tokenizer_spec is not None:  # what vfm generate rebuilds
-            module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
-                                            "latent_shape": list(data.latent_shape), "fps": data.fps}
-            if getattr(data, "clip_pooled", None):  # pooled CLIP text (Kandinsky 6): its encoder too
-                module.hparams["generation"]["clip_encoder"] = {"path": data.clip_pooled}
+            module.hparams["generation"] = _generation(data)
         callbacks, samples = _callbacks(model, data, trainer_cfg, log.dir, sampling, init_from, resume)
         pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank)
         _fit(pl_trainer, module, data, resume, log, rank)
@@ -218,6 +215,16 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     finally:
         if lock is not None:
             lock.release()
+
+
+def _generation(data) -> dict:
+    """What ``vfm generate`` rebuilds from a run: the data's tokenizer and text encoder (and, for pooled CLIP text,
+    Kandinsky 6, its CLIP encoder), the latent shape and fps."""
+    gen = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
+           "latent_shape": list(data.latent_shape), "fps": data.fps}
+    if getattr(data, "clip_pooled", None):
+        gen["clip_encoder"] = {"path": data.clip_pooled}
+    return gen
 
 
 def _check_expert(model, objective) -> None:
