@@ -1,4 +1,5 @@
-"""Sampling from published Kandinsky 6 folders with ``vfm generate --ckpt KANDINSKY6_FOLDER`` (text to video).
+"""Sampling from published Kandinsky 6 folders with ``vfm generate --ckpt KANDINSKY6_FOLDER`` (text or image to
+video).
 
 A *Kandinsky 6 folder* is a diffusers ``Kandinsky6TI2VAPipeline`` folder (``transformer/``, ``vae/``
 (HunyuanVideo's VAE), ``text_encoder/`` + ``tokenizer/`` (Qwen2.5-VL), ``text_encoder_2/`` + ``tokenizer_2/`` (CLIP),
@@ -14,10 +15,13 @@ what the pipeline does with ``sample_audio=False``:
    the transformer runs its video path only;
 3. decode: the folder's VAE (tokenizer ``hunyuan``: ``vae.decode(z / scaling_factor)``).
 
+Image to video (``--image FIRST_FRAME``): the image resized (cover) and center-cropped to the size asked, its VAE
+latent appended by the network as the clean tail frame (token type 1, temporal position 0), as the pipeline does; the
+latent is the VAE posterior's mode (the pipeline draws a sample).
+
 Not built (they raise saying so): audio (the joint video + audio loop and the MMAudio VAE + vocoder; ``vfm
-generate`` writes video only), image-to-video (``--image``; the transformer's tail-frame conditioning is built and
-tested in ``model.py``, the pipeline's image encoding path here is not), and distilled folders (``PiflowScheduler``)
-or schedulers with dynamic shifting or other sigma schedules.
+generate`` writes video only), distilled folders (``PiflowScheduler``) and schedulers with dynamic shifting or
+other sigma schedules.
 
 Legend: N prompts, L text tokens (1024), C latent channels, (t, h, w) latent size.
 """
@@ -117,11 +121,26 @@ def encode_prompts(engine, clip, prompts: list[str], guided: bool = True) -> tup
 
 
 @torch.no_grad()
-def generate_kandinsky6(engine, prompts: list[str], latent_shape, sampling, clip, progress: bool = False,
-                        decode: bool = True) -> tuple[torch.Tensor | None, dict]:
+def image_latents(tokenizer, image: str | Path, height: int, width: int, device=None) -> torch.Tensor:
+    """``(1, C, h, w)`` normalized VAE latents of ``image`` resized (cover) and center-cropped to ``height x width``,
+    as the pipeline's ``encode_image`` (which draws a posterior sample; this takes its mode, as ``vfm prepare``)."""
+    from diffusers.video_processor import VideoProcessor
+    from PIL import Image
+
+    if not Path(image).is_file():
+        raise FileNotFoundError(f"image not found: {image}")
+    proc = VideoProcessor(vae_scale_factor=tokenizer.spatial_compression)
+    pixels = proc.preprocess(Image.open(image).convert("RGB"), height=height, width=width, resize_mode="crop")
+    return tokenizer.encode(pixels[:, :, None].to(device or "cpu")).float()[:, :, 0]
+
+
+@torch.no_grad()
+def generate_kandinsky6(engine, prompts: list[str], latent_shape, sampling, clip, extra: dict | None = None,
+                        progress: bool = False, decode: bool = True) -> tuple[torch.Tensor | None, dict]:
     """Prompts -> videos ``(N, 3, T, H, W)`` in [-1, 1] on rank 0 (``None`` elsewhere; ``decode=False``: the latents
     ``(N, C, t, h, w)``) and per-stage seconds. ``latent_shape`` is ``(C, t, h, w)``; ``clip`` the
-    :func:`clip_encoder` (rank 0)."""
+    :func:`clip_encoder` (rank 0); ``extra``: ``{"image_latents": (1, C, h, w)}`` for image-to-video (the network
+    appends it as the clean tail frame), given to every prompt and both CFG passes."""
 
     def now():
         engine._sync()
@@ -129,6 +148,9 @@ def generate_kandinsky6(engine, prompts: list[str], latent_shape, sampling, clip
 
     t0 = now()
     cond, uncond = encode_prompts(engine, clip, prompts, guided=sampling.guidance != 1.0)
+    if extra:
+        extra = {k: v.to(engine.device).expand(len(prompts), *v.shape[1:]) for k, v in extra.items()}
+        cond, uncond = {**cond, **extra}, (None if uncond is None else {**uncond, **extra})
     t1 = now()
     engine.last_latents = engine.denoise(cond, uncond, tuple(latent_shape), sampling, progress)
     t2 = now()
@@ -144,12 +166,22 @@ def _sampler(ctx):
     """The CLIP encoder beside the Qwen2.5-VL text encoder (rank 0)."""
     clip = clip_encoder(ctx.info, ctx.args.text_encoder_device or ctx.device) if ctx.rank == 0 else None
     shape = (ctx.channels, *ctx.thw)
+    extra = None
+    if ctx.args.image:
+        extra = {"image_latents": image_latents(ctx.engine.tokenizer, ctx.args.image, ctx.height, ctx.width,
+                                                ctx.device)}
 
     def sample(batch: list[str]):
-        return generate_kandinsky6(ctx.engine, batch, shape, ctx.sampling, clip, progress=True)
+        return generate_kandinsky6(ctx.engine, batch, shape, ctx.sampling, clip, extra, progress=True)
 
     return sample
 
 
+def _takes_image(info) -> str:
+    """``"optional"`` for a network with image conditioning (``visual_cond`` and two token types), else ``"none"``."""
+    cfg = info.model_config
+    return "optional" if cfg.visual_cond and cfg.num_token_types >= 2 else "none"
+
+
 GENERATION = FamilyGeneration(family="kandinsky6", kind="kandinsky6", published_info=kandinsky6_checkpoint_info,
-                              sampler=_sampler)
+                              image=_takes_image, sampler=_sampler)

@@ -1,8 +1,8 @@
 """Kandinsky 6 sampling: ``FlowMatching(euler_grid="diffusers")`` steps through FlowMatchEulerDiscreteScheduler's grid
 exactly; on a tiny random Kandinsky6TI2VAPipeline folder (Qwen2.5-VL + CLIP text encoders, HunyuanVideo VAE, written
 here) our encoders give the pipeline's prompt states bitwise, ``generate_kandinsky6`` samples the pipeline's video
-latents (``sample_audio=False``) from prompts alone, and ``vfm generate`` writes a video; a distilled (PiFlow)
-folder is refused naming the fix."""
+latents (``sample_audio=False``) from prompts alone, and from a prompt and an image (the pipeline's tail frame), and
+``vfm generate`` writes a video from either; a distilled (PiFlow) folder is refused naming the fix."""
 
 import pytest
 import torch
@@ -162,3 +162,61 @@ def test_a_distilled_folder_is_refused(folder, tmp_path):
     (copy / "scheduler" / "scheduler_config.json").write_text(json.dumps({"_class_name": "PiflowScheduler"}))
     with pytest.raises(NotImplementedError, match="PiflowScheduler"):
         read_checkpoint_info(copy)
+
+
+def _image(tmp_path, h=32, w=48):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(5)
+    pixels = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
+    path = tmp_path / "first.png"
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_image_to_video_matches_the_pipeline(folder, tmp_path):
+    """The image's latent is the pipeline's preprocessing + VAE (posterior mode) x scaling; with that latent as the
+    pipeline's first-frame latent, the sampled latents match the pipeline's image-to-video call."""
+    from PIL import Image
+
+    from nemo_vfm.inference.checkpoint import read_checkpoint_info
+    from nemo_vfm.inference.cp_engine import InferenceEngine
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.inference.kandinsky6 import clip_encoder, generate_kandinsky6, image_latents
+    from nemo_vfm.inference.sampling import initial_noise
+
+    info = read_checkpoint_info(folder)
+    engine = InferenceEngine.from_checkpoint(info, device="cpu", dtype="fp32")
+    path = _image(tmp_path)
+    lat = image_latents(engine.tokenizer, path, 16, 32)
+    pipe = _pipe(folder)
+    with torch.no_grad():
+        pixels = pipe.video_processor.preprocess(Image.open(path).convert("RGB"), height=16, width=32,
+                                                 resize_mode="crop")
+        want_lat = pipe.vae.encode(pixels[:, :, None]).latent_dist.mode()[:, :, 0] * pipe.vae.config.scaling_factor
+    assert lat.shape == (1, 4, 2, 4) and (lat - want_lat).abs().max() <= 1e-5 * want_lat.abs().max()
+    shape, steps = (4, 2, 2, 4), 3
+    got, _ = generate_kandinsky6(engine, [PROMPT], shape, SamplingConfig(num_steps=steps, guidance=GUIDANCE,
+                                                                         sampler="flow-euler", seed=3),
+                                 clip_encoder(info), {"image_latents": lat}, decode=False)
+    pipe.encode_image = lambda *a, **k: lat.permute(0, 2, 3, 1)  # the pipeline's (B, h, w, C) first-frame latents
+    noise = initial_noise((1, *shape), 3)
+    want = pipe(prompt=PROMPT, image=Image.open(path), height=16, width=32, num_frames=5, num_inference_steps=steps,
+                guidance_scale=GUIDANCE, latents=noise.clone(), sample_audio=False, output_type="latent",
+                return_dict=False)[0]
+    assert got.shape == want.shape
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    t2v, _ = generate_kandinsky6(engine, [PROMPT], shape, SamplingConfig(num_steps=steps, guidance=GUIDANCE,
+                                                                         sampler="flow-euler", seed=3),
+                                 clip_encoder(info), decode=False)
+    assert (t2v - got).abs().max() > 1e-3  # the image conditions the video
+
+
+def test_vfm_generate_from_an_image(folder, tmp_path):
+    from nemo_vfm.cli.main import main
+
+    out = tmp_path / "videos"
+    rc = main(["generate", "--ckpt", str(folder), "--prompt", PROMPT, "--image", str(_image(tmp_path)), "--frames",
+               "5", "--height", "32", "--width", "32", "--device", "cpu", "--steps", "2", "--guidance", "4",
+               "--out", str(out)])
+    assert rc == 0 and list(out.rglob("*.mp4"))
