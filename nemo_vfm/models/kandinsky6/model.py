@@ -18,6 +18,8 @@ self-attention's ``core`` is swappable (context parallelism replaces it), and so
 cross-attention's (CP gathers the video keys for it). Parameter names follow diffusers' where they do not need a
 rename; ``weights.py`` maps the rest (``blocks.N.video`` = ``visual_transformer_blocks.N.video_dec_block`` ...).
 
+The building blocks (attention, text blocks, one modality's stream, output layers) are in ``layers.py``.
+
 Image conditioning is the pipeline's: the clean first-frame latent is appended as an extra tail frame with token
 type 1, mask channel 1 and the temporal RoPE position 0; its output is dropped.
 
