@@ -233,13 +233,22 @@ def _module(model, data, objective, optim, ema_decay, cond_dropout, seed, lora, 
         module = DistillationModule(model, objective, distill, optim, ema_decay=ema_decay, seed=seed, lora=lora)
         sampling = student_sampling(sampling, module.dmd)
     if data.tokenizer_spec is not None:
-        module.hparams["generation"] = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
-                                        "latent_shape": list(data.latent_shape), "fps": data.fps}
+        module.hparams["generation"] = _generation(data)
         if distill is not None:  # vfm generate samples a student with its own schedule, without CFG
             from nemo_vfm.lightning.distill_module import student_generation
 
             module.hparams["generation"]["student"] = student_generation(module.dmd)
     return module, sampling
+
+
+def _generation(data) -> dict:
+    """What ``vfm generate`` rebuilds from a run: the data's tokenizer and text encoder (and, for pooled CLIP text,
+    Kandinsky 6, its CLIP encoder), the latent shape and fps."""
+    gen = {"tokenizer": data.tokenizer_spec, "text_encoder": data.text_encoder_spec,
+           "latent_shape": list(data.latent_shape), "fps": data.fps}
+    if getattr(data, "clip_pooled", None):
+        gen["clip_encoder"] = {"path": data.clip_pooled}
+    return gen
 
 
 def _check_expert(model, objective) -> None:

@@ -12,7 +12,7 @@ import sys
 RECIPE_MODULES = ("nemo_vfm_recipes.dit", "nemo_vfm_recipes.parallel", "nemo_vfm_recipes.data", "nemo_vfm_recipes.stdit",
                   "nemo_vfm_recipes.moviegen", "nemo_vfm_recipes.upstream", "nemo_vfm_recipes.moe",
                   "nemo_vfm_recipes.finetune", "nemo_vfm_recipes.cosmos", "nemo_vfm_recipes.hunyuan",
-                  "nemo_vfm_recipes.distill", "nemo_vfm_recipes.ltx2")
+                  "nemo_vfm_recipes.distill", "nemo_vfm_recipes.ltx2", "nemo_vfm_recipes.kandinsky6")
 
 
 def register_recipes() -> None:

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "nemo_vfm"
-FAMILIES = ("dit", "stdit", "moviegen", "wan", "cosmos", "hunyuan", "ltx2")
-NAMES = "dit|stdit|st_dit|moviegen|wan|cosmos|hunyuan|hunyuanvideo|ltx2"
-CONFIGS = "DiTConfig|STDiTConfig|MovieGenConfig|WanConfig|CosmosConfig|HunyuanVideoConfig|LTX2Config"
+FAMILIES = ("dit", "stdit", "moviegen", "wan", "cosmos", "hunyuan", "ltx2", "kandinsky6")
+NAMES = "dit|stdit|st_dit|moviegen|wan|cosmos|hunyuan|hunyuanvideo|ltx2|kandinsky6"
+CONFIGS = "DiTConfig|STDiTConfig|MovieGenConfig|WanConfig|CosmosConfig|HunyuanVideoConfig|LTX2Config|Kandinsky6Config"
 BY_NAME = re.compile(
     rf"""(==|!=)\s*["']({NAMES})["']"""  # kind == "wan"
     rf"""|["']({NAMES})["']\s*(==|!=)"""  # "wan" == kind

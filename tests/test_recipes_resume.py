@@ -39,6 +39,8 @@ def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
         from nemo_vfm.models.wan.convert import read_config
 
         recipe.model = fdl.Config(recipe.model.__fn_or_cls__, **vars(read_config(wan_folder, pretrained=str(wan_folder))))
+    elif cls == "kandinsky6_config":  # sizes come from a flavor (or the pretrained folder's config.json)
+        recipe.model.flavor = "tiny"
     else:
         for k, v in SIZE.items():
             setattr(recipe.model, k, v)
@@ -56,7 +58,8 @@ def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
         recipe.data = fdl.Config(MockLatentDataModule, latent_channels=model.in_channels - getattr(model, "cond_channels", 0),
                                  num_frames=2 * model.patch_size[0], height=4 * model.patch_size[1],
                                  width=4 * model.patch_size[2], context_dim=ctx, context_length=4 if ctx else 0,
-                                 num_classes=getattr(model, "num_classes", 0), batch_size=2, num_samples=8)
+                                 num_classes=getattr(model, "num_classes", 0), batch_size=2, num_samples=8,
+                                 pooled_dim=getattr(model, "pooled_dim", None))  # pooled CLIP text: Kandinsky 6
     if isinstance(recipe.trainer.strategy, fdl.Config):
         for k, v in ONE_PROCESS.items():
             setattr(recipe.trainer.strategy, k, v)

@@ -7,7 +7,9 @@
 Arguments are ``key=value``; ``tokenizer.X=V`` / ``text_encoder.X=V`` pass constructor arguments to the
 named tokenizer / text encoder. Values are parsed as JSON when they can be (``8``, ``true``, ``[1,2,2]``).
 Re-running with the same output resumes; failed inputs are listed in ``OUTPUT/.prepare/report.json``.
-``image_condition=wan_i2v`` also stores each clip's first-frame latents for Wan image-to-video fine-tuning
+``clip_pooled=DIR`` also stores each caption's pooled CLIP text embedding (a CLIP text encoder folder or a Kandinsky 6
+pipeline folder with text_encoder_2/), as Kandinsky 6 trains on it. ``image_condition=wan_i2v`` also stores each
+clip's first-frame latents for Wan image-to-video fine-tuning
 (``lora_wan2_2_i2v_a14b``): ``vfm prepare input=clips/ output=data/wan_i2v tokenizer=wan tokenizer.path=WAN_DIR
 text_encoder=umt5 text_encoder.path=WAN_DIR image_condition=wan_i2v``.
 """
@@ -50,7 +52,8 @@ def parse(pairs: list[str]):
         if dot and head in ("tokenizer", "text_encoder"):
             kw[f"{head}_kwargs"][sub] = _value(val)
         elif key in fields:
-            kw[key] = val if key in ("input", "output", "tokenizer", "text_encoder", "image_condition") else _value(val)
+            strings = ("input", "output", "tokenizer", "text_encoder", "image_condition", "clip_pooled")
+            kw[key] = val if key in strings else _value(val)
         else:
             raise ValueError(f"unknown argument {key!r}; choose from {', '.join(sorted(fields))}")
     for need in ("input", "output"):

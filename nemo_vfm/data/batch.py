@@ -102,6 +102,7 @@ class VideoBatch(_ToDevice):
     sample_keys: list[str]
     meta: list[dict]
     cond_latents: torch.Tensor | None = None  # (B, tc + C, t, h, w): Wan I2V mask + image latents, if prepared
+    pooled_context: torch.Tensor | None = None  # (B, Dp): pooled text embedding (CLIP), if prepared
 
     def __len__(self) -> int:
         return self.latents.shape[0]

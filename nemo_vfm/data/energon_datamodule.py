@@ -176,10 +176,14 @@ class EnergonDataModule(pl.LightningDataModule):
         spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
         self.tokenizer_spec = spec.get("tokenizer", {"name": self._peek[0].get("tokenizer"), "kwargs": {}})
         self.text_encoder_spec = spec.get("text_encoder", {"name": self._peek[0].get("text_encoder"), "kwargs": {}})
+        self.clip_pooled = spec.get("clip_pooled")  # the CLIP folder of pooled_context (vfm prepare clip_pooled=)
         self._encoders = None
         if self.image_condition is not None and max_seq_length is not None:
             raise ValueError(f"{path} was prepared with image_condition={self.image_condition}, which packed "
                              "batches do not carry; set max_seq_length=None (bucketed batches)")
+        if spec.get("clip_pooled") and max_seq_length is not None:
+            raise ValueError(f"{path} was prepared with clip_pooled= (pooled text embeddings), which packed batches "
+                             "do not carry; set max_seq_length=None (bucketed batches)")
 
     @property
     def image_condition(self) -> str | None:

@@ -57,6 +57,7 @@ class PrepareConfig:
     latent_dtype: str = "float16"
     allow_missing_caption: bool = False
     image_condition: str | None = None  # "wan_i2v": also store the first frame's latents (Wan I2V cond_latents)
+    clip_pooled: str | None = None  # a CLIP text encoder folder (or a pipeline's text_encoder_2/): its pooled text too
     device: str = "cpu"
     index: bool = True
     progress: bool = True
@@ -155,7 +156,8 @@ def _resize_crop(video: torch.Tensor, height: int | None, width: int | None, mul
     return video[:, :, y:y + th, x:x + tw]
 
 
-def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) -> tuple[dict[str, bytes], SampleMeta]:
+def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
+                pooled_encoder=None) -> tuple[dict[str, bytes], SampleMeta]:
     """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
     from nemo_vfm.io.video import frames_to_tensor
 
@@ -185,6 +187,7 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
     image = _image_latents(cfg, tokenizer, video, latent) if cfg.image_condition else None
     emb, mask = text_encoder.encode([item.caption or ""])
     emb, mask = emb[0].float().cpu(), mask[0].cpu()
+    pooled = None if pooled_encoder is None else pooled_encoder.encode([item.caption or ""])[0].float().cpu().numpy()
     start = item.clip_span[0] if item.clip_span else 0.0
     span = (0.0, 0.0) if item.is_image else (start, start + (n / fps if fps else 0.0))
     meta = SampleMeta(caption=item.caption or "", source=item.source, fps=float(fps), num_frames=n,
@@ -193,7 +196,7 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder) ->
                       tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra,
                       image_condition=cfg.image_condition)
     parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype,
-                          image_latent=None if image is None else image.numpy())
+                          image_latent=None if image is None else image.numpy(), pooled_text=pooled)
     return parts, meta
 
 
@@ -250,17 +253,23 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
     out = Path(cfg.output)
     tokenizer = build_tokenizer(cfg.tokenizer, **cfg.tokenizer_kwargs).to(cfg.device).eval()  # a bad name: no folder
     text_encoder = build_text_encoder(cfg.text_encoder, **cfg.text_encoder_kwargs)
+    pooled_encoder = None
+    if cfg.clip_pooled:
+        from nemo_vfm.tokenizers.clip_pooled import ClipPooledEncoder
+
+        pooled_encoder = ClipPooledEncoder(cfg.clip_pooled, device=cfg.device)
     _check_same_image_condition(out, cfg.image_condition)
     # two runs on one output would write the same rank's shards: one at a time (ranks of one run differ)
     lock = acquire(out / STATE_DIR / f"rank{rank}.lock", f"output {out}",
                    "wait for that vfm prepare to finish (the same command then resumes), or give another output=")
     try:
-        return _prepare(cfg, out, rank, world_size, tokenizer, text_encoder)
+        return _prepare(cfg, out, rank, world_size, tokenizer, text_encoder, pooled_encoder)
     finally:
         lock.release()
 
 
-def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenizer, text_encoder) -> PrepareResult:
+def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenizer, text_encoder,
+             pooled_encoder=None) -> PrepareResult:
     from tqdm import tqdm
 
     if rank == 0:  # what `vfm generate` / previews need to rebuild the encoders of this dataset
@@ -268,7 +277,7 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
         spec = {"tokenizer": {"name": cfg.tokenizer, "kwargs": cfg.tokenizer_kwargs},
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
                 "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype,
-                "image_condition": cfg.image_condition}
+                "image_condition": cfg.image_condition, "clip_pooled": cfg.clip_pooled}
         write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
@@ -300,7 +309,7 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                 skipped_failed += 1  # failed before and unchanged since: not retried
                 continue
             try:
-                parts, _ = encode_item(item, cfg, tokenizer, text_encoder)
+                parts, _ = encode_item(item, cfg, tokenizer, text_encoder, pooled_encoder)
             except Exception as e:  # a corrupt input must not stop the run: record it with its reason
                 reason = f"{type(e).__name__}: {e}"
                 log.warning("skipping %s: %s", item.source, reason)

@@ -10,9 +10,10 @@ the same table for users.
 | ``text_mask.npy``| ``(L,)`` bool, True where ``text_emb`` holds a real token            |
 | ``json``        | :class:`SampleMeta` as a json object                                 |
 | ``image_latent.npy`` | optional: latents ``(C, t, h, w)`` of the first frame + black frames   |
+| ``pooled_text.npy`` | optional: a pooled text embedding ``(Dp,)`` (CLIP; Kandinsky 6), float32 |
 
 ``image_latent.npy`` is written by ``vfm prepare image_condition=wan_i2v`` (then ``meta.image_condition`` is
-``"wan_i2v"``), in the dtype of ``latent.npy``.
+``"wan_i2v"``), in the dtype of ``latent.npy``. ``pooled_text.npy`` is written by ``vfm prepare clip_pooled=DIR``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ TEXT_EMB = "text_emb.npy"
 TEXT_MASK = "text_mask.npy"
 META = "json"
 IMAGE_LATENT = "image_latent.npy"
-PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)  # required; IMAGE_LATENT is optional
+POOLED_TEXT = "pooled_text.npy"
+PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)  # required; IMAGE_LATENT and POOLED_TEXT are optional
 IMAGE_CONDITIONS = ("wan_i2v",)
 SCHEMA_VERSION = 1
 LATENT_DTYPES = ("float16", "float32")
@@ -73,8 +75,10 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarray, meta: SampleMeta,
-                  latent_dtype: str = "float16", image_latent: np.ndarray | None = None) -> dict[str, bytes]:
-    """Arrays + metadata -> ``{part: bytes}`` ready for a tar shard (``image_latent``: same shape as ``latent``)."""
+                  latent_dtype: str = "float16", image_latent: np.ndarray | None = None,
+                  pooled_text: np.ndarray | None = None) -> dict[str, bytes]:
+    """Arrays + metadata -> ``{part: bytes}`` ready for a tar shard (``image_latent``: same shape as ``latent``;
+    ``pooled_text``: ``(Dp,)``)."""
     if (image_latent is None) != (meta.image_condition is None):
         raise ValueError(f"image_latent must be given exactly when meta.image_condition is set "
                          f"(got image_condition={meta.image_condition!r})")
@@ -94,6 +98,10 @@ def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarra
     }
     if image_latent is not None:
         parts[IMAGE_LATENT] = npy_bytes(image_latent.astype(latent_dtype))
+    if pooled_text is not None:
+        if pooled_text.ndim != 1:
+            raise ValueError(f"pooled_text must be (Dp,), got shape {pooled_text.shape}")
+        parts[POOLED_TEXT] = npy_bytes(pooled_text.astype(np.float32))
     return parts
 
 
@@ -111,6 +119,11 @@ def decode_parts(raw: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
 def decode_image_latent(raw: dict) -> np.ndarray | None:
     """The optional ``image_latent.npy`` part ``(C, t, h, w)`` of a sample, or ``None``."""
     return _array(raw[IMAGE_LATENT]) if raw.get(IMAGE_LATENT) is not None else None
+
+
+def decode_pooled_text(raw: dict) -> np.ndarray | None:
+    """The optional ``pooled_text.npy`` part ``(Dp,)`` of a sample, or ``None``."""
+    return _array(raw[POOLED_TEXT]) if raw.get(POOLED_TEXT) is not None else None
 
 
 def _array(v) -> np.ndarray:

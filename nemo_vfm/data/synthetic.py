@@ -180,7 +180,7 @@ class MockLatentDataModule(_ResumableDataModule):
                  context_dim: int | None = 1024, context_length: int = 512, num_classes: int = 0,
                  batch_size: int = 2, num_samples: int = 64, seed: int = 0, fps: float = 24.0, num_workers: int = 0,
                  match_model: bool = False, audio_shape: tuple[int, int, int] | None = None,
-                 reference_shape: tuple[int, int, int, int] | None = None):
+                 reference_shape: tuple[int, int, int, int] | None = None, pooled_dim: int | None = None):
         super().__init__()
         if num_workers < 0:
             raise ValueError(f"MockLatentDataModule.num_workers must be >= 0, got {num_workers}")
@@ -192,6 +192,7 @@ class MockLatentDataModule(_ResumableDataModule):
         self.num_workers = num_workers  # loader processes: batches are collated and pinned off the training loop
         self.shape = (latent_channels, num_frames, height, width)
         self.context_dim, self.context_length, self.num_classes = context_dim, context_length, num_classes
+        self.pooled_dim = pooled_dim  # also a pooled text embedding ``pooled_context (Dp,)`` per sample (Kandinsky 6)
         self.batch_size, self.num_samples, self.seed, self.fps = batch_size, num_samples, seed, fps
         self.audio_shape = None if audio_shape is None else tuple(audio_shape)
         self.reference_shape = None if reference_shape is None else tuple(reference_shape)
@@ -207,13 +208,15 @@ class MockLatentDataModule(_ResumableDataModule):
 
     def take_model_shape(self, model) -> None:
         """``match_model``: unset latent channels become the model's noise channels (``in_channels`` less its
-        conditioning channels), an unset ``context_dim`` the model's (None: no text)."""
+        conditioning channels), an unset ``context_dim`` (None: no text) and ``pooled_dim`` the model's."""
         if not self.match_model:
             return
         if self.shape[0] is None:
             self.shape = (model.in_channels - getattr(model, "cond_channels", 0), *self.shape[1:])
         if self.context_dim is None:
             self.context_dim = getattr(model, "context_dim", None)
+        if self.pooled_dim is None:  # a model that takes a pooled text embedding (Kandinsky 6) gets one
+            self.pooled_dim = getattr(model, "pooled_dim", None)
 
     def build_encoders(self) -> None:
         """None: random latents come from no tokenizer (no previews; ``tokenizer_spec`` is None)."""
@@ -228,6 +231,8 @@ class MockLatentDataModule(_ResumableDataModule):
         if self.context_dim:
             t["context"] = torch.randn(n, self.context_length, self.context_dim, generator=g)
             t["context_mask"] = torch.ones(n, self.context_length, dtype=torch.bool)
+        if self.pooled_dim:
+            t["pooled_context"] = torch.randn(n, self.pooled_dim, generator=g)
         if self.num_classes:
             t["class_labels"] = torch.randint(0, self.num_classes, (n,), generator=g)
         if self.audio_shape is not None:

@@ -24,7 +24,7 @@ from megatron.energon.edataclass import edataclass
 
 from nemo_vfm.data.batch import PackedBatch, TokenSample, VideoBatch, patchify, wan_i2v_mask
 from nemo_vfm.data.packing import concat_packs, first_fit_decreasing, pack_samples, padded_length
-from nemo_vfm.data.schema import IMAGE_LATENT, decode_image_latent, decode_parts
+from nemo_vfm.data.schema import IMAGE_LATENT, decode_image_latent, decode_parts, decode_pooled_text
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class ClipSample(Sample):
     fps: float
     meta: dict
     cond_latents: torch.Tensor | None = None  # (tc + C, t, h, w) with image_condition=wan_i2v, else None
+    pooled_text: torch.Tensor | None = None  # (Dp,) with vfm prepare clip_pooled=DIR, else None
 
 
 def image_cond_latents(raw: dict, meta: dict) -> torch.Tensor | None:
@@ -67,6 +68,7 @@ def cook_clip(raw: dict) -> ClipSample:
     """Crude webdataset sample (parts decoded by energon) -> :class:`ClipSample`."""
     latent, emb, mask, meta = decode_parts(raw)
     cond = image_cond_latents(raw, meta)
+    pooled = decode_pooled_text(raw)
     sources = raw.get("__sources__") or ()
     if sources:  # which prepared folder (of a blend) the sample came from
         meta = {**meta, "dataset": str(sources[0].dataset_path)}
@@ -75,6 +77,7 @@ def cook_clip(raw: dict) -> ClipSample:
         __sources__=raw.get("__sources__"), latent=torch.from_numpy(latent).float(),
         text_emb=torch.from_numpy(emb).float(), text_mask=torch.from_numpy(mask).bool(),
         fps=float(meta.get("fps", 0.0)), meta=meta, cond_latents=cond,
+        pooled_text=None if pooled is None else torch.from_numpy(pooled).float(),
     )
 
 
@@ -121,6 +124,9 @@ class VideoTaskEncoder(DefaultTaskEncoder):
     def to_tokens(self, sample: ClipSample) -> TokenSample:
         if sample.cond_latents is not None:
             raise NotImplementedError(f"sample {sample.__key__} carries image conditioning (image_condition=wan_i2v), "
+                                      "which packed batches do not carry; set data.max_seq_length=None (buckets)")
+        if sample.pooled_text is not None:
+            raise NotImplementedError(f"sample {sample.__key__} carries a pooled text embedding (pooled_text.npy), "
                                       "which packed batches do not carry; set data.max_seq_length=None (buckets)")
         tokens, pos = patchify(sample.latent, self.patch_size)
         return TokenSample(key=sample.__key__, tokens=tokens, pos_ids=pos, loss_mask=torch.ones(tokens.shape[0]),
@@ -177,6 +183,12 @@ def stack_bucket(samples: list[ClipSample]) -> VideoBatch:
                          f"without ({samples[has_cond.index(False)].__key__}); prepare every dataset of the blend with "
                          "the same vfm prepare image_condition=")
     cond = torch.stack([s.cond_latents for s in samples]) if all(has_cond) else None
+    has_pooled = [s.pooled_text is not None for s in samples]
+    if any(has_pooled) and not all(has_pooled):
+        raise ValueError(f"a batch mixes samples with a pooled text embedding ({samples[has_pooled.index(True)].__key__})"
+                         f" and without ({samples[has_pooled.index(False)].__key__}); prepare every dataset of the "
+                         "blend with the same vfm prepare clip_pooled=")
+    pooled = torch.stack([s.pooled_text for s in samples]) if all(has_pooled) else None
     return VideoBatch(latents=torch.stack([s.latent for s in samples]), context=text, context_mask=mask[:, :n],
                       fps=torch.tensor([s.fps for s in samples]), sample_keys=[s.__key__ for s in samples],
-                      meta=[s.meta for s in samples], cond_latents=cond)
+                      meta=[s.meta for s in samples], cond_latents=cond, pooled_context=pooled)

@@ -1,9 +1,10 @@
 """Conditioning dicts and classifier-free-guidance helpers.
 
 A conditioning dict holds the network's keyword inputs besides ``x`` and ``timesteps``:
-``context (B, L, Dt)``, ``context_mask (B, L) bool``, ``class_labels (B,)``, ``fps (B,)``; an audio stream's
-``audio_latents`` and its text ``audio_context`` / ``audio_context_mask`` (LTX-2).
-The *null* condition is all-zero context (video and audio text) with all-False masks, or the null class label. Image conditioning
+``context (B, L, Dt)``, ``context_mask (B, L) bool``, ``pooled_context (B, Dp)`` (a pooled text embedding,
+Kandinsky 6), ``class_labels (B,)``, ``fps (B,)``; an audio stream's ``audio_latents`` and its text ``audio_context`` /
+``audio_context_mask`` (LTX-2). The *null* condition is all-zero context (video and audio text, pooled text) with
+all-False masks, or the null class label. Image conditioning
 (``image_embeds``, ``cond_latents``, conditioning frames) stays in both the null condition and condition dropout:
 the Wan, Cosmos and HunyuanVideo samplers guide on the text only, so training drops only what sampling drops.
 """
@@ -24,6 +25,8 @@ def null_condition(cond: dict, num_classes: int | None = None) -> dict:
         out["audio_context"] = torch.zeros_like(cond["audio_context"])
         if cond.get("audio_context_mask") is not None:
             out["audio_context_mask"] = torch.zeros_like(cond["audio_context_mask"])
+    if cond.get("pooled_context") is not None:
+        out["pooled_context"] = torch.zeros_like(cond["pooled_context"])
     if cond.get("class_labels") is not None:
         if num_classes is None:
             raise ValueError("null_condition needs num_classes for class-conditional models")
@@ -41,8 +44,8 @@ def drop_condition(cond: dict, p: float, generator: torch.Generator | None = Non
     null = null_condition(cond, num_classes)
     out = dict(cond)
     for key, value in cond.items():
-        if isinstance(value, torch.Tensor) and key in ("context", "context_mask", "class_labels", "audio_context",
-                                                       "audio_context_mask"):
+        if isinstance(value, torch.Tensor) and key in ("context", "context_mask", "pooled_context", "class_labels",
+                                                       "audio_context", "audio_context_mask"):
             d = drop.view(-1, *([1] * (value.dim() - 1)))
             out[key] = torch.where(d, null[key], value)
     return out

@@ -23,6 +23,9 @@ class FlowMatching:
     logit_std: float = 1.0
     shift: float = 1.0
     time_sampling: str = "logit_normal"  # "logit_normal" (SD3) | "uniform" (Wan)
+    # Euler sampling grid: "uniform" = shift(linspace(1, 0, N + 1)); "diffusers" = the default set_timesteps(N) grid of
+    # diffusers' FlowMatchEulerDiscreteScheduler(shift) (linspace(1, s_min, N) shifted, then 0; Kandinsky 6's pipeline)
+    euler_grid: str = "uniform"
 
     def __post_init__(self):
         if self.shift <= 0 or self.logit_std <= 0:
@@ -30,6 +33,17 @@ class FlowMatching:
         if self.time_sampling not in ("logit_normal", "uniform"):
             raise ValueError(f"FlowMatching.time_sampling must be 'logit_normal' or 'uniform', got "
                              f"{self.time_sampling!r}")
+        if self.euler_grid not in ("uniform", "diffusers"):
+            raise ValueError(f"FlowMatching.euler_grid must be 'uniform' or 'diffusers', got {self.euler_grid!r}")
+
+    def euler_times(self, num_steps: int, device=None) -> torch.Tensor:
+        """The ``num_steps + 1`` decreasing times (1 ... 0) the Euler sampler steps through (``euler_grid``)."""
+        if self.euler_grid == "uniform":
+            return self.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))
+        n_train = 1000  # diffusers: sigmas of the training grid shifted, then the inference grid between its ends shifted
+        s_min = float(self.shift_time(torch.tensor(1.0, dtype=torch.float32) / n_train))  # float32, as diffusers
+        t = torch.linspace(float(n_train), s_min * n_train, num_steps, dtype=torch.float64) / n_train
+        return torch.cat([self.shift_time(t).float(), torch.zeros(1)]).to(device)
 
     def shift_time(self, t: torch.Tensor) -> torch.Tensor:
         return self.shift * t / (1 + (self.shift - 1) * t)
@@ -82,7 +96,7 @@ class FlowMatching:
 
         if sampler != "euler":
             raise ValueError(f"FlowMatching supports sampler='euler', got {sampler!r}")
-        times = self.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))
+        times = self.euler_times(num_steps, device)
         x = torch.randn(shape, generator=generator, device=device)
         v = guided(lambda x, t, c: self.velocity(net, x, t, c), cond, uncond, guidance)
         return samplers.flow_euler(v, x, times, progress=progress)

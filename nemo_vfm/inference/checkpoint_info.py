@@ -20,9 +20,9 @@ class Generation(Mapping):
     ``tokenizer`` / ``text_encoder``: ``{"name", "kwargs"}`` for ``build_tokenizer`` / ``build_text_encoder``;
     ``latent_shape``: ``(C, t, h, w)`` of the trained size; ``fps``; ``sampler``, ``negative_prompt``, ``guidance``:
     the release's defaults; conditioning inputs: ``image_encoder`` (a folder, or ``{"path"}``), ``experts``
-    (``{"boundary"}``: a second, low-noise network), ``glyph_encoder`` (``{"path"}``: ByT5), ``target_size`` and
-    ``spatial`` (HunyuanVideo's size buckets); ``student``: a distilled few-step generator's ``{"method", "num_steps",
-    "levels"}`` (sampled on its levels, without CFG)."""
+    (``{"boundary"}``: a second, low-noise network), ``glyph_encoder`` (``{"path"}``: ByT5), ``clip_encoder`` (``{"path"}``:
+    CLIP's pooled text, Kandinsky 6), ``target_size`` and ``spatial`` (HunyuanVideo's size buckets); ``student``: a
+    distilled few-step generator's ``{"method", "num_steps", "levels"}`` (sampled on its levels, without CFG)."""
 
     tokenizer: dict | None = None
     text_encoder: dict | None = None
@@ -34,6 +34,7 @@ class Generation(Mapping):
     image_encoder: str | dict | None = None
     experts: dict | None = None
     glyph_encoder: dict | None = None
+    clip_encoder: dict | None = None
     target_size: int | None = None
     spatial: int | None = None
     student: dict | None = None

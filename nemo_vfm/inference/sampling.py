@@ -127,7 +127,8 @@ def solve(objective, fn, noise: torch.Tensor, sampler: str, num_steps: int, prog
         sigmas, times = own(num_steps) if own else samplers.flow_unipc_schedule(num_steps, objective.shift)
         return samplers.flow_unipc(fn, noise, sigmas, times, progress=progress)
     if is_flow(objective):
-        times = objective.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))
+        own = getattr(objective, "euler_times", None)  # an objective whose pipeline uses other times (Kandinsky 6)
+        times = own(num_steps, device) if own else objective.shift_time(torch.linspace(1, 0, num_steps + 1, device=device))
         return samplers.flow_euler(fn, noise, times, progress=progress)
     lo, hi = objective.sampling_range()
     sigmas = samplers.karras_sigmas(num_steps, lo, hi, rho, device=device)

@@ -14,12 +14,13 @@ def _table() -> tuple[FamilySpec, ...]:
     from nemo_vfm.models.cosmos.family import SPEC as cosmos
     from nemo_vfm.models.dit.family import SPEC as dit
     from nemo_vfm.models.hunyuan.family import SPEC as hunyuanvideo
+    from nemo_vfm.models.kandinsky6.family import SPEC as kandinsky6
     from nemo_vfm.models.ltx2.family import SPEC as ltx2
     from nemo_vfm.models.moviegen.family import SPEC as moviegen
     from nemo_vfm.models.stdit.family import SPEC as stdit
     from nemo_vfm.models.wan.family import SPEC as wan
 
-    return dit, stdit, moviegen, wan, cosmos, hunyuanvideo, ltx2
+    return dit, stdit, moviegen, wan, cosmos, hunyuanvideo, ltx2, kandinsky6
 
 
 def family_spec(model_or_config, fallback: str = "use it without parallelism") -> FamilySpec:

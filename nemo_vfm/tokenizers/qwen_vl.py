@@ -135,15 +135,57 @@ HUNYUAN_SYSTEM_PROMPT = "You are a helpful assistant. Describe the video by deta
         "5. camera angles, movements, and transitions used in the video."))
 
 
+class Kandinsky6QwenTextEncoder(HunyuanQwenTextEncoder):
+    """Kandinsky 6's text states, as diffusers' ``Kandinsky6TI2VAPipeline._get_prompt_embeds``: each caption in
+    :data:`KANDINSKY6_TEMPLATE` (plain text, no chat template), tokenized to ``max_length + crop_start`` tokens
+    (right-padded, truncated), the last hidden states ``(B, max_length, 3584)`` after dropping the first
+    ``crop_start`` (129, the template's) tokens; ``mask`` marks the real tokens. The model class is the one
+    ``model_index.json`` names for ``text_encoder`` (the release: ``Qwen2_5_VLForConditionalGeneration``)."""
+
+    def __init__(self, path: str | Path, max_length: int = 1024, crop_start: int = 129, **kwargs):
+        super().__init__(path, max_length=max_length, crop_start=crop_start, **kwargs)
+        self._cache_key = self._cache_key.replace("hunyuan_qwen2_5_vl", "kandinsky6_qwen2_5_vl")
+
+    @torch.no_grad()
+    def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(captions, str):
+            raise TypeError("Kandinsky6QwenTextEncoder.encode takes a list of captions, got a single string")
+        t = self.tokenizer([KANDINSKY6_TEMPLATE.format(c) for c in captions], max_length=self.max_length + self.crop_start,
+                           truncation=True, padding="max_length", return_tensors="pt")
+        device = next(self.model.parameters()).device
+        ids, mask = t["input_ids"].to(device), t["attention_mask"].to(device)
+        emb = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, return_dict=True)
+        emb = emb["hidden_states"][-1]
+        return emb[:, self.crop_start:].float().contiguous(), mask[:, self.crop_start:].bool().contiguous()
+
+
+# diffusers' Kandinsky6TI2VAPipeline prompt template (``_PROMPT_TEMPLATE``; its typos are the release's)
+KANDINSKY6_TEMPLATE = "\n".join([
+    "<|im_start|>system\nYou are a promt engineer. Describe the video in detail.",
+    "Describe how the camera moves or shakes, describe the zoom and view angle, whether it follows the objects.",
+    "Describe the location of the video, main characters or objects and their action.",
+    "Describe the dynamism of the video and presented actions.",
+    "Name the visual style of the video: whether it is a professional footage, user generated content, "
+    "some kind of animation, video game or scren content.",
+    "Describe the visual effects, postprocessing and transitions if they are presented in the video.",
+    "Pay attention to the order of key actions shown in the scene.<|im_end|>",
+    "<|im_start|>user\n{}<|im_end|>",
+])
+
+
 def build(path: str, max_length: int | None = None, tokenizer_path: str | None = None, device: str = "cpu",
           dtype: str | None = None, template: str = "cosmos", crop_start: int = 108) -> TextEncoder:
     """Qwen2.5-VL text encoder from a local folder (the model's or a pipeline's with ``text_encoder/`` and
     ``tokenizer/``): ``template="cosmos"`` (Cosmos-Predict2.5, ``max_length`` 512) or ``"hunyuanvideo1_5"``
-    (HunyuanVideo 1.5, ``max_length`` 1000 after cropping ``crop_start`` template tokens)."""
+    (HunyuanVideo 1.5, ``max_length`` 1000 after cropping ``crop_start`` template tokens) or ``"kandinsky6"``
+    (Kandinsky 6, ``max_length`` 1024 after cropping its 129 template tokens)."""
+    if template == "kandinsky6":
+        return Kandinsky6QwenTextEncoder(path, max_length=max_length or 1024, crop_start=129,
+                                         tokenizer_path=tokenizer_path, device=device, dtype=dtype)
     if template == "hunyuanvideo1_5":
         return HunyuanQwenTextEncoder(path, max_length=max_length or 1000, crop_start=crop_start,
                                       tokenizer_path=tokenizer_path, device=device, dtype=dtype)
     if template != "cosmos":
-        raise ValueError(f"qwen2_5_vl template must be 'cosmos' or 'hunyuanvideo1_5', got {template!r}")
+        raise ValueError(f"qwen2_5_vl template must be 'cosmos', 'hunyuanvideo1_5' or 'kandinsky6', got {template!r}")
     return QwenVLTextEncoder(path, max_length=max_length or 512, tokenizer_path=tokenizer_path, device=device,
                              dtype=dtype)

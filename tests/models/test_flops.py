@@ -21,6 +21,7 @@ from nemo_vfm.models.dit.flavors import dit_config, original_dit_config
 from nemo_vfm.models.families import _table, family_spec
 from nemo_vfm.models.flops import dit_forward_flops, mfu, peak_tflops, train_step_flops
 from nemo_vfm.models.hunyuan.flavors import hunyuan_config
+from nemo_vfm.models.kandinsky6.flavors import kandinsky6_config
 from nemo_vfm.models.ltx2.flavors import ltx2_config
 from nemo_vfm.models.moviegen.flavors import moviegen_config
 from nemo_vfm.models.stdit.flavors import stdit_config
@@ -133,7 +134,7 @@ def test_ltx2_count_equals_the_measured_forward(audio, projected):
 
 def test_every_family_reports_and_an_unknown_config_does_not():
     configs = [dit_config("tiny"), stdit_config("tiny"), moviegen_config("tiny"), wan_config("tiny"),
-               cosmos_config("tiny"), hunyuan_config("tiny"), ltx2_config("tiny")]
+               cosmos_config("tiny"), hunyuan_config("tiny"), ltx2_config("tiny"), kandinsky6_config("tiny")]
     assert {family_spec(c).name for c in configs} == {s.name for s in _table()}
     for cfg in configs:
         fwd = family_spec(cfg).flops(cfg, [24, 24], [5, 5], [GRID, GRID])
