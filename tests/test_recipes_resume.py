@@ -41,6 +41,10 @@ def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
         recipe.model = fdl.Config(recipe.model.__fn_or_cls__, **vars(read_config(wan_folder, pretrained=str(wan_folder))))
     elif cls == "kandinsky6_config":  # sizes come from a flavor (or the pretrained folder's config.json)
         recipe.model.flavor = "tiny"
+    elif cls == "LTX2Config":
+        from nemo_vfm.models.ltx2.flavors import ltx2_config
+
+        recipe.model = fdl.Config(recipe.model.__fn_or_cls__, **{**vars(ltx2_config("tiny")), "pretrained": None})
     else:
         for k, v in SIZE.items():
             setattr(recipe.model, k, v)
@@ -60,6 +64,12 @@ def _shrink(name: str, root: Path, wan_folder) -> fdl.Config:
                                  width=4 * model.patch_size[2], context_dim=ctx, context_length=4 if ctx else 0,
                                  num_classes=getattr(model, "num_classes", 0), batch_size=2, num_samples=8,
                                  pooled_dim=getattr(model, "pooled_dim", None))  # pooled CLIP text: Kandinsky 6
+        if cls == "LTX2Config":  # the audio stream's latents (unless video only) and IC-LoRA's reference video
+            objective = fdl.build(recipe.objective)
+            audio = (model.audio_in_channels // model.audio_mel_bins, 5, model.audio_mel_bins)  # (Ca, La, M)
+            recipe.data.audio_shape = None if objective.video_only else audio
+            recipe.data.context_dim, recipe.data.context_length = model.caption_channels, 4
+            recipe.data.reference_shape = (model.in_channels, 2, 4, 4) if "_ic" in name else None
     if isinstance(recipe.trainer.strategy, fdl.Config):
         for k, v in ONE_PROCESS.items():
             setattr(recipe.trainer.strategy, k, v)
