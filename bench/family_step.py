@@ -3,6 +3,7 @@
     # the rows of docs/models.md and docs/finetuning.md (one H100): Wan 2.2, Cosmos-Predict2.5, HunyuanVideo 1.5
     python bench/family_step.py --out bench/results/family_step_h100.json
     python bench/family_step.py --only cosmos2.5-2b-lora,cosmos2.5-2b-full --out /tmp/f.json
+    python bench/family_step.py --only kandinsky6-3b-lora,ltx2-lora,ltx2-video-lora --out /tmp/f.json
     # CPU smoke run (what tests/bench does): tiny networks, a few steps
     python bench/family_step.py --device cpu --tiny --only wan2.2-ti2v-5b-lora --steps 4 --every 2 --out /tmp/f.json
 
@@ -13,7 +14,20 @@ diffusers (our config converted by the family's ``config_to_diffusers``), random
 text sizes, diffusers' ``enable_gradient_checkpointing()``; LoRA through peft (``add_adapter``) on the same linears
 with the recipe's rank and alpha, full fine-tuning with fp32 master weights and fused AdamW (as ours); the loss is
 rectified flow's velocity MSE. HunyuanVideo gets what its pipeline feeds at text-to-video: the ByT5 states (256
-tokens, masked) and zero SigLIP tokens (729, masked). Random weights change neither memory nor speed.
+tokens, masked) and zero SigLIP tokens (729, masked). Kandinsky 6 Video (``lora_kandinsky6_3b``, the video stream) gets
+what ``Kandinsky6TI2VAPipeline`` feeds at text-to-video with ``sample_audio=False``: the latents in its (B, T, H, W, C)
+layout with the zero conditioning latent and mask channels (``visual_cond``), the Qwen2.5-VL states (1024 tokens, the
+pipeline's padded length; no mask, as the pipeline passes for an unpadded prompt, and ours' mock mask is all True),
+the CLIP pooled text (768) and ``1000 t``; no ``audio_hidden_states``, so its fused blocks run the video path only, as
+ours (diffusers still runs the audio stream's text branch, 2 text blocks over the prompt: its cost, not ours). LTX-2
+(``lora_ltx2``) gets what ``LTX2Pipeline`` feeds its transformer: the packed video tokens (B, S, 128) and audio tokens
+(B, La, 8 x 16) of the pipeline's default clip (512x768 px, 121 frames at 24 fps: 16x16x24 video latents, 126 audio
+latent frames of 16 mel bins; ours' mock ``data.audio_shape`` is that (8, 126, 16)), the video and audio connectors'
+outputs (1024 tokens of 3840 each, unmasked, as the connectors' registers leave them), ``timestep = sigma = 1000 t``
+for both streams, and the loss is video MSE + audio MSE (ours' ``AudioVideoFlowMatching`` weights, 1.0 each). LTX-2 on
+the video stream alone (``lora_ltx2_video``; ours does not run the audio stream): diffusers' forward needs audio, so it
+gets one zero audio token and ``isolate_modalities=True`` (no audio-video cross attention), its audio output unused.
+Random weights change neither memory nor speed.
 
 Writes JSON (device, date, commit, command; per case ours and theirs: ms/step, peak GiB, ours' TFLOP/s and MFU) and a
 Markdown table; ``ratio`` = diffusers ms / ours ms (> 1: ours is faster).
@@ -33,8 +47,9 @@ if not __package__:  # run as `python bench/NAME.py`: import bench as a package
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """``factory`` trained on ``latent`` (T, H, W) random latents with ``text`` tokens; ``family``/``flavor`` name the
-    architecture diffusers builds; ``lora`` (rank, alpha) or None for full fine-tuning; ``size`` says what it is."""
+    """``factory`` trained on ``latent`` (T, H, W) random latents with ``text`` tokens (and ``audio`` latents);
+    ``family``/``flavor`` name the architecture diffusers builds; ``lora`` (rank, alpha) or None for full fine-tuning;
+    ``size`` says what it is."""
 
     factory: str
     family: str
@@ -44,6 +59,7 @@ class Case:
     lora: tuple[int, float] | None
     size: str
     overrides: tuple[str, ...] = ()
+    audio: tuple[int, int, int] | None = None  # LTX-2: audio latents (channels, frames, mel bins) trained too
 
 
 RANK32 = (32, 32.0)
@@ -62,16 +78,36 @@ CASES = {
                          "480x832 px, 81 frames (32,760 tokens)"),
     "wan1.3b-lora-sparse": Case("lora_wan_1_3b_sparse", "wan", "t2v_1_3b", (21, 60, 104), 512, RANK32,
                                 "480x832 px, 81 frames (32,760 tokens); ours sparse (STA), diffusers dense"),
+    # Kandinsky6TI2VAPipeline's default clip (512x768, 121 frames); the derived lite_3b layout (flavors.py)
+    "kandinsky6-3b-lora": Case("lora_kandinsky6_3b", "kandinsky6", "lite_3b", (31, 64, 96), 1024, RANK32,
+                               "512x768 px, 121 frames (47,616 tokens), video stream"),
+    # LTX2Pipeline's default clip (512x768, 121 frames at 24 fps) with its audio (126 latent frames)
+    "ltx2-lora": Case("lora_ltx2", "ltx2", "ltx2_19b", (16, 16, 24), 1024, RANK32,
+                      "512x768 px, 121 frames (6,144 video + 126 audio tokens)", audio=(8, 126, 16)),
+    "ltx2-video-lora": Case("lora_ltx2_video", "ltx2", "ltx2_19b", (16, 16, 24), 1024, RANK32,
+                            "512x768 px, 121 frames (6,144 tokens), video stream only"),
 }
 DEFAULT = ("wan2.2-ti2v-5b-lora", "wan2.2-t2v-a14b-lora", "cosmos2.5-2b-lora", "cosmos2.5-2b-full", "hunyuan1.5-lora")
-TINY_LATENT, TINY_TEXT = (3, 4, 4), 8
-# peft targets (diffusers' module names) of the linears the recipes adapt
+TINY_LATENT, TINY_TEXT, TINY_AUDIO_FRAMES = (3, 4, 4), 8, 5
+_LTX2_ATTN = r"\.(to_q|to_k|to_v|to_out\.0)"
+# peft targets (diffusers' module names) of the linears the recipes adapt: by family, or by factory where a family's
+# recipes differ
 PEFT_TARGETS = {
     "wan": ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"],
     "cosmos": r"transformer_blocks\.\d+\.(attn[12]\.(to_q|to_k|to_v|to_out\.0)|ff\.net\.(0\.proj|2))",
     "hunyuan": r"transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)"
                r"|ff\.net\.(0\.proj|2)|ff_context\.net\.(0\.proj|2))",
+    "kandinsky6": r"visual_transformer_blocks\.\d+\.video_dec_block\.((self|cross)_attention\.(to_query|to_key|to_value"
+                  r"|out_layer)|feed_forward\.net\.(0\.proj|2))",
+    "ltx2": r"transformer_blocks\.\d+\.((attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn)"
+            + _LTX2_ATTN + r"|(ff|audio_ff)\.net\.(0\.proj|2))",
+    "lora_ltx2_video": r"transformer_blocks\.\d+\.((attn1|attn2)" + _LTX2_ATTN + r"|ff\.net\.(0\.proj|2))",
 }
+
+
+def peft_targets(case: Case):
+    """``case``'s peft ``target_modules``: its factory's entry, else its family's."""
+    return PEFT_TARGETS.get(case.factory, PEFT_TARGETS.get(case.family))
 
 
 def _flavors(family: str):
@@ -81,6 +117,12 @@ def _flavors(family: str):
     elif family == "cosmos":
         from nemo_vfm.models.cosmos import convert
         from nemo_vfm.models.cosmos.flavors import FLAVORS
+    elif family == "kandinsky6":
+        from nemo_vfm.models.kandinsky6 import convert
+        from nemo_vfm.models.kandinsky6.flavors import FLAVORS
+    elif family == "ltx2":
+        from nemo_vfm.models.ltx2 import convert
+        from nemo_vfm.models.ltx2.flavors import FLAVORS
     else:
         from nemo_vfm.models.hunyuan import convert
         from nemo_vfm.models.hunyuan.flavors import FLAVORS
@@ -101,11 +143,27 @@ def tiny_overrides(case: Case) -> dict:
 def model_config(case: Case, tiny: bool):
     from nemo_vfm.models.cosmos.model import CosmosConfig
     from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
+    from nemo_vfm.models.kandinsky6.model import Kandinsky6Config
+    from nemo_vfm.models.ltx2.model import LTX2Config
     from nemo_vfm.models.wan.model import WanConfig
 
     flavors, _ = _flavors(case.family)
-    cls = {"wan": WanConfig, "cosmos": CosmosConfig, "hunyuan": HunyuanVideoConfig}[case.family]
+    cls = {"wan": WanConfig, "cosmos": CosmosConfig, "hunyuan": HunyuanVideoConfig, "kandinsky6": Kandinsky6Config,
+           "ltx2": LTX2Config}[case.family]
     return cls(**{**flavors[case.flavor], **(tiny_overrides(case) if tiny else {})})
+
+
+def text_dim(cfg) -> int:
+    """The width of the text states the network reads (LTX-2 names it ``caption_channels``)."""
+    return cfg.caption_channels if hasattr(cfg, "caption_channels") else cfg.context_dim
+
+
+def audio_shape(case: Case, tiny: bool) -> tuple[int, int, int] | None:
+    """The audio latents (channels, frames, mel bins) of ``case``: the tiny network's at ``TINY_AUDIO_FRAMES``."""
+    if case.audio is None or not tiny:
+        return case.audio
+    cfg = model_config(case, tiny=True)
+    return cfg.audio_in_channels // cfg.audio_mel_bins, TINY_AUDIO_FRAMES, cfg.audio_mel_bins
 
 
 def _cli_value(v) -> str:
@@ -116,6 +174,10 @@ def ours_overrides(case: Case, latent, text: int, tiny: bool) -> list[str]:
     t, h, w = latent
     out = ["model.pretrained=None", "data=mock", f"data.num_frames={t}", f"data.height={h}", f"data.width={w}",
            f"data.context_length={text}", *case.overrides]
+    if case.family == "ltx2":  # the mock data cannot read LTX-2's text width (caption_channels) from the model
+        out.append(f"data.context_dim={text_dim(model_config(case, tiny))}")
+    if case.audio is not None:
+        out.append(f"data.audio_shape={_cli_value(audio_shape(case, tiny))}")
     if tiny:
         out += [f"model.{k}={_cli_value(v)}" for k, v in tiny_overrides(case).items()]
     return out
@@ -123,7 +185,8 @@ def ours_overrides(case: Case, latent, text: int, tiny: bool) -> list[str]:
 
 # -- diffusers ------------------------------------------------------------------------------------------------
 def diffusers_net(case: Case, cfg, device, dtype):
-    """diffusers' network of ``cfg`` built in ``dtype`` on ``device`` and ``net(x, t, ctx) -> velocity``."""
+    """diffusers' network of ``cfg`` built in ``dtype`` on ``device`` and ``net(x, t, ctx, audio=None) -> velocity``
+    (``(velocity, audio velocity)`` with LTX-2's ``audio (B, Ca, La, M)`` latents)."""
     import torch
 
     _, convert = _flavors(case.family)
@@ -141,6 +204,14 @@ def diffusers_net(case: Case, cfg, device, dtype):
 
                 _nearest_resize_shim()
                 model = CosmosTransformer3DModel(**convert.config_to_diffusers(cfg))
+            elif case.family == "kandinsky6":
+                from diffusers import Kandinsky6Transformer3DModel
+
+                model = Kandinsky6Transformer3DModel(**convert.config_to_diffusers(cfg))
+            elif case.family == "ltx2":
+                from diffusers import LTX2VideoTransformer3DModel
+
+                model = LTX2VideoTransformer3DModel(**convert.config_to_diffusers(cfg))
             else:
                 from diffusers import HunyuanVideo15Transformer3DModel
 
@@ -148,8 +219,12 @@ def diffusers_net(case: Case, cfg, device, dtype):
     finally:
         torch.set_default_dtype(prev)
     pt, ph, pw = cfg.patch_size
+    g = torch.Generator().manual_seed(1)
+    if case.family == "kandinsky6":  # the CLIP pooled text, as ours' mock data give ours
+        pooled = torch.randn(1, cfg.pooled_dim, generator=g).to(device, dtype)
+    actx = None  # LTX-2: the audio connector's output (ours' mock audio_context), drawn at the first call
 
-    def net(x, t, ctx):
+    def net(x, t, ctx, audio=None):
         B, _, T, H, W = x.shape
         if case.family == "wan":
             ts = t * 1000
@@ -160,6 +235,26 @@ def diffusers_net(case: Case, cfg, device, dtype):
         if case.family == "cosmos":
             cond = x.new_zeros(B, 1, T, H, W)
             return model(x, t, ctx, condition_mask=cond, padding_mask=x.new_zeros(1, 1, H, W), return_dict=False)[0]
+        if case.family == "kandinsky6":  # (B, T, H, W, C) with the zero conditioning latent and mask channels
+            h = x.permute(0, 2, 3, 4, 1)
+            if cfg.visual_cond:
+                h = torch.cat([h, h.new_zeros(*h.shape[:-1], cfg.in_channels + 1)], -1)
+            out = model(hidden_states=h, encoder_hidden_states=ctx, pooled_projections=pooled.expand(B, -1),
+                        timestep=t * 1000, return_dict=False)[0]  # fp32 times, as the pipeline
+            return out.permute(0, 4, 1, 2, 3)
+        if case.family == "ltx2":  # packed tokens (patch 1: one token per latent position); audio (B, La, Ca M)
+            nonlocal actx
+            actx = torch.randn(ctx.shape, generator=g).to(ctx) if actx is None else actx
+            a = audio.transpose(1, 2).flatten(2) if audio is not None else x.new_zeros(B, 1, cfg.audio_in_channels)
+            ts = t * 1000  # fp32, as the pipeline
+            v, va = model(hidden_states=x.flatten(2).transpose(1, 2), audio_hidden_states=a, encoder_hidden_states=ctx,
+                          audio_encoder_hidden_states=actx, timestep=ts, sigma=ts, num_frames=T, height=H, width=W,
+                          fps=cfg.fps, audio_num_frames=a.shape[1], isolate_modalities=audio is None,
+                          return_dict=False)
+            v = v.transpose(1, 2).reshape(x.shape)
+            if audio is None:
+                return v
+            return v, va.unflatten(2, (audio.shape[1], audio.shape[3])).transpose(1, 2)
         zeros = x.new_zeros
         return model(hidden_states=torch.cat([x, zeros(B, cfg.cond_channels, T, H, W)], 1), timestep=(t * 1000).to(x.dtype),
                      encoder_hidden_states=ctx, encoder_attention_mask=torch.ones(ctx.shape[:2], device=x.device),
@@ -202,7 +297,7 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
         model.requires_grad_(False)
         rank, alpha = case.lora
         model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=True,
-                                     target_modules=PEFT_TARGETS[case.family]))
+                                     target_modules=peft_targets(case)))
     model.enable_gradient_checkpointing()
     trainable = [p for p in model.parameters() if p.requires_grad]
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-5, weight_decay=0.0, fused=dev.type == "cuda")  # noqa: E731
@@ -210,14 +305,23 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
     g = torch.Generator().manual_seed(0)
     channels = cfg.out_channels
     x0 = torch.randn(1, channels, *latent, generator=g).to(dev, dtype)
-    ctx = torch.randn(1, text, cfg.context_dim, generator=g).to(dev, dtype)
+    ctx = torch.randn(1, text, text_dim(cfg), generator=g).to(dev, dtype)
+    shape = audio_shape(case, tiny)
+    a0 = torch.randn(1, *shape, generator=g).to(dev, dtype) if shape else None
+    mse = lambda v, n, x: torch.nn.functional.mse_loss(v.float(), (n - x).float())  # noqa: E731
 
     def step():
         t = torch.rand(1, device=dev)
         noise = torch.randn_like(x0)
         tt = t.view(-1, 1, 1, 1, 1).to(dtype)
         xt = (1 - tt) * x0 + tt * noise
-        loss = torch.nn.functional.mse_loss(net(xt, t, ctx).float(), (noise - x0).float())
+        if a0 is None:
+            loss = mse(net(xt, t, ctx), noise, x0)
+        else:  # both streams at one time (ours' AudioVideoFlowMatching, weights 1.0)
+            an = torch.randn_like(a0)
+            at = (1 - tt[..., 0]) * a0 + tt[..., 0] * an
+            v, va = net(xt, t, ctx, at)
+            loss = mse(v, noise, x0) + mse(va, an, a0)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -240,6 +344,8 @@ def run_case(name: str, case: Case, a) -> dict:
     latent, text = (TINY_LATENT, TINY_TEXT) if a.tiny else (case.latent, case.text)
     res = {"case": name, "factory": case.factory, "size": case.size if not a.tiny else "tiny",
            "latent": list(latent), "text_tokens": text, "lora": case.lora}
+    if case.audio is not None:
+        res["audio"] = list(audio_shape(case, a.tiny))
     rc = RecipeCase(name=name, factory=case.factory, overrides=ours_overrides(case, latent, text, a.tiny) + a.overrides)
     ours = run_recipe(rc, a.steps, a.every, a.skip, a.device)
     if "error" not in ours:

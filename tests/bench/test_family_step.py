@@ -8,7 +8,7 @@ import pytest
 from bench import family_step as fs
 
 
-@pytest.mark.parametrize("case", ["wan2.2-ti2v-5b-lora", "hunyuan1.5-lora"])
+@pytest.mark.parametrize("case", ["wan2.2-ti2v-5b-lora", "hunyuan1.5-lora", "kandinsky6-3b-lora", "ltx2-lora"])
 def test_ours_and_diffusers_both_step(tmp_path, monkeypatch, case):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "f.json"
@@ -34,14 +34,17 @@ def test_peft_targets_match_the_recipes_linears():
     from nemo_vfm_recipes.cosmos import COSMOS_LORA_TARGETS
     from nemo_vfm_recipes.finetune import WAN_LORA_TARGETS
     from nemo_vfm_recipes.hunyuan import HUNYUAN_LORA_TARGETS
+    from nemo_vfm_recipes.kandinsky6 import KANDINSKY6_LORA_TARGETS
+    from nemo_vfm_recipes.ltx2 import LTX2_LORA_TARGETS, LTX2_VIDEO_LORA_TARGETS
 
     for name, ours in (("cosmos2.5-2b-lora", COSMOS_LORA_TARGETS), ("hunyuan1.5-lora", HUNYUAN_LORA_TARGETS),
-                       ("wan2.2-ti2v-5b-lora", WAN_LORA_TARGETS)):
+                       ("wan2.2-ti2v-5b-lora", WAN_LORA_TARGETS), ("kandinsky6-3b-lora", KANDINSKY6_LORA_TARGETS),
+                       ("ltx2-lora", LTX2_LORA_TARGETS), ("ltx2-video-lora", LTX2_VIDEO_LORA_TARGETS)):
         case = fs.CASES[name]
         model, _ = fs.diffusers_net(case, fs.model_config(case, tiny=True), torch.device("cpu"), torch.float32)
-        targets = fs.PEFT_TARGETS[case.family]
+        targets = fs.peft_targets(case)
         linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".0." in f".{n}."
-                   and n.startswith(("transformer_blocks.0.", "blocks.0."))]
+                   and n.startswith(("transformer_blocks.0.", "blocks.0.", "visual_transformer_blocks.0."))]
         if isinstance(targets, str):
             hit = [n for n in linears if re.fullmatch(targets, n)]
         else:
