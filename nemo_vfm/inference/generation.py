@@ -41,6 +41,34 @@ def default_sampler(ctx: SampleContext) -> Callable:
     return sample
 
 
+def timed_generation(engine, encode: Callable, n: int, latent_shape, sampling, extra: dict | None = None,
+                     progress: bool = False, decode: bool = True):
+    """``encode() -> (cond, uncond)`` for ``n`` prompts, then denoise and decode on ``engine``: videos
+    ``(N, 3, T, H, W)`` in [-1, 1] on rank 0 (``None`` elsewhere; ``decode=False``: the latents ``(N, C, t, h, w)``)
+    and seconds per stage. ``extra`` (batch 1, the same on every rank: conditioning latents) joins every prompt's
+    condition and both CFG passes."""
+    import time
+
+    def now():
+        engine._sync()
+        return time.perf_counter()
+
+    t0 = now()
+    cond, uncond = encode()
+    if extra:
+        extra = {k: v.to(engine.device).expand(n, *v.shape[1:]) for k, v in extra.items()}
+        cond, uncond = {**cond, **extra}, (None if uncond is None else {**uncond, **extra})
+    t1 = now()
+    engine.last_latents = engine.denoise(cond, uncond, tuple(latent_shape), sampling, progress)
+    t2 = now()
+    times = {"text_encode_s": t1 - t0, "denoise_s": t2 - t1}
+    if not decode:
+        return engine.last_latents, times
+    videos = engine.decode(engine.last_latents)
+    times["decode_s"] = now() - t2
+    return videos, times
+
+
 @dataclass(frozen=True, kw_only=True)
 class FamilyGeneration:
     """A family's generation adapter.

@@ -30,12 +30,11 @@ Legend: N prompts, L text tokens (1000), L2 glyph tokens (256), C latent channel
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from nemo_vfm.inference.generation import FamilyGeneration
+from nemo_vfm.inference.generation import FamilyGeneration, timed_generation
 
 HUNYUAN_FPS = 24.0  # the release's frame rate (flavors.FPS)
 I2V_PIPELINE = "HunyuanVideo15ImageToVideoPipeline"
@@ -227,24 +226,8 @@ def generate_hunyuan(
     is ``(C, t, h, w)``; ``glyph`` the :func:`glyph_encoder` (rank 0); ``extra``: the :func:`image_conditions` of an
     I2V video (batch 1, the same on every rank), given to every prompt and both CFG passes."""
 
-    def now():
-        engine._sync()
-        return time.perf_counter()
-
-    t0 = now()
-    cond, uncond = encode_prompts(engine, glyph, prompts, guided=sampling.guidance != 1.0)
-    if extra:
-        extra = {k: v.to(engine.device).expand(len(prompts), *v.shape[1:]) for k, v in extra.items()}
-        cond, uncond = {**cond, **extra}, (None if uncond is None else {**uncond, **extra})
-    t1 = now()
-    engine.last_latents = engine.denoise(cond, uncond, tuple(latent_shape), sampling, progress)
-    t2 = now()
-    times = {"text_encode_s": t1 - t0, "denoise_s": t2 - t1}
-    if not decode:
-        return engine.last_latents, times
-    videos = engine.decode(engine.last_latents)
-    times["decode_s"] = now() - t2
-    return videos, times
+    encode = lambda: encode_prompts(engine, glyph, prompts, guided=sampling.guidance != 1.0)  # noqa: E731
+    return timed_generation(engine, encode, len(prompts), latent_shape, sampling, extra, progress, decode)
 
 
 def _sampler(ctx):

@@ -29,12 +29,11 @@ Legend: N prompts, L text tokens (1024), C latent channels, (t, h, w) latent siz
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from nemo_vfm.inference.generation import FamilyGeneration
+from nemo_vfm.inference.generation import FamilyGeneration, timed_generation
 
 KANDINSKY6_FPS = 24.0  # the pipeline's frame_rate default
 FRAMES, HEIGHT, WIDTH, GUIDANCE = 121, 512, 768, 5.0  # the pipeline's defaults
@@ -142,24 +141,8 @@ def generate_kandinsky6(engine, prompts: list[str], latent_shape, sampling, clip
     :func:`clip_encoder` (rank 0); ``extra``: ``{"image_latents": (1, C, h, w)}`` for image-to-video (the network
     appends it as the clean tail frame), given to every prompt and both CFG passes."""
 
-    def now():
-        engine._sync()
-        return time.perf_counter()
-
-    t0 = now()
-    cond, uncond = encode_prompts(engine, clip, prompts, guided=sampling.guidance != 1.0)
-    if extra:
-        extra = {k: v.to(engine.device).expand(len(prompts), *v.shape[1:]) for k, v in extra.items()}
-        cond, uncond = {**cond, **extra}, (None if uncond is None else {**uncond, **extra})
-    t1 = now()
-    engine.last_latents = engine.denoise(cond, uncond, tuple(latent_shape), sampling, progress)
-    t2 = now()
-    times = {"text_encode_s": t1 - t0, "denoise_s": t2 - t1}
-    if not decode:
-        return engine.last_latents, times
-    videos = engine.decode(engine.last_latents)
-    times["decode_s"] = now() - t2
-    return videos, times
+    encode = lambda: encode_prompts(engine, clip, prompts, guided=sampling.guidance != 1.0)  # noqa: E731
+    return timed_generation(engine, encode, len(prompts), latent_shape, sampling, extra, progress, decode)
 
 
 def _sampler(ctx):

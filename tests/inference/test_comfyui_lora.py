@@ -70,7 +70,9 @@ def comfyui_apply(weights: dict, patches: dict, strength: float = 1.0) -> dict:
 
 
 # -- a tiny Wan LoRA run, saved as train() does ------------------------------------------------------------------
-def _lora_run(tmp_path, cfg: WanConfig, lora: LoRAConfig):
+def lora_run(tmp_path, cfg, lora: LoRAConfig, objective=None):
+    """A LoRA run's checkpoint, saved as train() does (random base and adapters; ``objective``: Wan's by default);
+    returns the run folder, the base weights and the adapted layers."""
     from nemo_vfm.models.wan.flavors import wan_objective
 
     torch.manual_seed(0)
@@ -87,7 +89,8 @@ def _lora_run(tmp_path, cfg: WanConfig, lora: LoRAConfig):
     path = tmp_path / "run" / "checkpoints" / "step=00000003.ckpt"
     path.parent.mkdir(parents=True)
     torch.save({"state_dict": {f"model.{k}": v for k, v in net.state_dict().items()}, "global_step": 3,
-                "hyper_parameters": {"model_config": cfg, "objective": wan_objective("tiny"), "lora": lora}}, path)
+                "hyper_parameters": {"model_config": cfg, "objective": objective or wan_objective("tiny"),
+                                     "lora": lora}}, path)
     return tmp_path / "run", base, adapted
 
 
@@ -101,7 +104,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_comfyui_export_loads_fully_and_equals_the_merged_original_export(tmp_path, case):
     cfg, lora = CASES[case]
-    run, base, adapted = _lora_run(tmp_path, cfg, lora)
+    run, base, adapted = lora_run(tmp_path, cfg, lora)
     out = tmp_path / "comfy.safetensors"
     assert main(["export", "--ckpt", str(run), "--format", "comfyui", "--out", str(out)]) == 0
     assert main(["export", "--ckpt", str(run), "--format", "original", "--out", str(tmp_path / "orig")]) == 0
@@ -134,7 +137,7 @@ def test_comfyui_export_loads_fully_and_equals_the_merged_original_export(tmp_pa
 def test_the_diffusers_layout_file_is_what_comfyui_skipped(tmp_path):
     """The issue: ComfyUI reads none of the ``--format lora`` keys for Wan; the comfyui file is read whole."""
     cfg, lora = CASES["t2v"]
-    run, base, _ = _lora_run(tmp_path, cfg, lora)
+    run, base, _ = lora_run(tmp_path, cfg, lora)
     assert main(["export", "--ckpt", str(run), "--format", "lora", "--out", str(tmp_path / "d.safetensors")]) == 0
     diffusers_file = load_file(str(tmp_path / "d.safetensors"))
     patches, left = comfyui_load_lora(diffusers_file, comfyui_key_map(C.to_original(base)))

@@ -12,28 +12,13 @@ from nemo_vfm.diffusion.audio_video import AudioVideoFlowMatching
 from nemo_vfm.models.common.lora import LoRAConfig, apply_lora, lora_state_dict
 from nemo_vfm.models.ltx2 import convert as C
 from nemo_vfm.models.ltx2.flavors import ltx2_config
-from tests.inference.test_comfyui_lora import comfyui_apply, comfyui_key_map, comfyui_load_lora
+from tests.inference.test_comfyui_lora import comfyui_apply, comfyui_key_map, comfyui_load_lora, lora_run
 
 RELEASE = "model.diffusion_model."  # the release file's prefix of the transformer (ComfyUI strips it on load)
 
 
 def _lora_run(tmp_path, cfg, lora):
-    torch.manual_seed(0)
-    net = cfg.build()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    base = {k: v.clone() for k, v in net.state_dict().items()}
-    adapted = apply_lora(net, lora)
-    with torch.no_grad():
-        for n, p in net.named_parameters():
-            if ".lora_" in n:
-                p.copy_(0.2 * torch.randn_like(p))
-    path = tmp_path / "run" / "checkpoints" / "step=00000002.ckpt"
-    path.parent.mkdir(parents=True)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in net.state_dict().items()}, "global_step": 2,
-                "hyper_parameters": {"model_config": cfg, "objective": AudioVideoFlowMatching(), "lora": lora}}, path)
-    return tmp_path / "run", base, adapted
+    return lora_run(tmp_path, cfg, lora, AudioVideoFlowMatching())
 
 
 def test_comfyui_export_loads_fully_and_equals_the_merged_release_export(tmp_path):
