@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from nemo_vfm.models.common.embeddings import patch_grid
+from nemo_vfm.models.common.init import init_linears_and_norms
 from nemo_vfm.models.kandinsky6.layers import (
     Kandinsky6Attention,
     Modulation,
@@ -323,16 +324,9 @@ class Kandinsky6Model(nn.Module):
         if self.cfg.pretrained:
             self.load_pretrained(self.cfg.pretrained)
             return
+        init_linears_and_norms(self)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
-                nn.init.ones_(m.weight)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Embedding):
+            if isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, std=0.02)
         for m in self.modules():
             if isinstance(m, Modulation):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nemo_vfm.models.common.init import init_linears_and_norms
 from nemo_vfm.models.ltx2.attention import AdaLNSingle, FeedForward, LTX2Attention, TextProjection, rms_norm
 from nemo_vfm.models.ltx2.rope import audio_positions, rope_table, video_positions
 from nemo_vfm.models.wan.norms import WanRMSNorm
@@ -442,13 +443,7 @@ class LTX2Model(nn.Module):
         if self.cfg.pretrained:
             self.load_pretrained(self.cfg.pretrained)
             return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, WanRMSNorm):
-                nn.init.ones_(m.weight)
+        init_linears_and_norms(self, (WanRMSNorm,))
         for m in self.modules():
             if isinstance(m, AdaLNSingle):
                 for lin in (m.emb.timestep_embedder.linear_1, m.emb.timestep_embedder.linear_2):
