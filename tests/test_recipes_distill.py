@@ -56,3 +56,8 @@ def test_distill_quickstart_distils_a_quickstart_run_and_the_student_samples_its
     printed = capsys.readouterr().out
     assert "4-step distilled student" in printed and "few-step x 4 steps, guidance 1.0" in printed
     assert main(["evaluate", "--ckpt", str(out), "--num", "2", "--steps", "24", "--out", str(tmp_path / "e2")]) == 2
+    exported = tmp_path / "student.safetensors"  # the schedule travels in the export's header
+    assert main(["export", "--ckpt", str(out), "--format", "safetensors", "--out", str(exported)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--ckpt", str(exported), "--num", "2", "--out", str(tmp_path / "e3")]) == 0
+    assert "4-step distilled student" in capsys.readouterr().out

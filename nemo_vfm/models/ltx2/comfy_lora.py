@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-PREFIX = "diffusion_model."
+from nemo_vfm.models.common.comfy_lora import comfyui_lora_keys
 
 
 def comfyui_lora_state(lora: dict[str, torch.Tensor], cfg, rank: int, alpha: float,
@@ -24,20 +24,4 @@ def comfyui_lora_state(lora: dict[str, torch.Tensor], cfg, rank: int, alpha: flo
     """Our adapter tensors (``<path>.lora_A.weight`` (rank, in) / ``<path>.lora_B.weight`` (out, rank)) -> ComfyUI's
     keys (module docstring); ``ValueError`` for an adapter that is not a weight of the network ``cfg`` describes."""
     weights = {k: tuple(v.shape) for k, v in cfg.build("meta").state_dict().items()}
-    out = {}
-    for path in sorted({k.rsplit(".lora_", 1)[0] for k in lora}):
-        a, b = lora.get(f"{path}.lora_A.weight"), lora.get(f"{path}.lora_B.weight")
-        if a is None or b is None:
-            raise ValueError(f"the LoRA weights of {path} lack lora_A or lora_B; the checkpoint is incomplete")
-        shape = weights.get(f"{path}.weight")
-        if shape is None:
-            raise ValueError(f"the adapted layer {path} is not a weight of this LTX-2 network, so ComfyUI would not "
-                             "load it; export with --format lora instead")
-        if a.shape[0] != rank or b.shape[1] != rank or shape != (b.shape[0], a.shape[1]):
-            raise ValueError(f"{path}: LoRA shapes A {tuple(a.shape)}, B {tuple(b.shape)} do not fit rank {rank} and "
-                             f"the weight {shape}; the checkpoint does not match its LoRA config")
-        key = PREFIX + path
-        out[f"{key}.lora_A.weight"] = a if dtype is None else a.to(dtype)
-        out[f"{key}.lora_B.weight"] = b if dtype is None else b.to(dtype)
-        out[f"{key}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
-    return out
+    return comfyui_lora_keys(lora, weights, rank, alpha, "LTX-2 network", dtype=dtype)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-PREFIX = "diffusion_model."  # ComfyUI's prefix of the diffusion network's weights (comfy/model_base.py BaseModel)
+from nemo_vfm.models.common.comfy_lora import comfyui_lora_keys
 
 
 def original_weights(cfg) -> dict[str, tuple[int, ...]]:
@@ -47,23 +47,5 @@ def comfyui_lora_state(lora: dict[str, torch.Tensor], cfg, rank: int, alpha: flo
                        dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Our adapter tensors (``<path>.lora_A.weight`` (rank, in) / ``<path>.lora_B.weight`` (out, rank), as saved)
     -> ComfyUI's keys (module docstring). ``ValueError`` for an adapter ComfyUI's Wan model could not take."""
-    original = original_weights(cfg)
-    paths = sorted({k.rsplit(".lora_", 1)[0] for k in lora})
-    out = {}
-    for path in paths:
-        a, b = lora.get(f"{path}.lora_A.weight"), lora.get(f"{path}.lora_B.weight")
-        if a is None or b is None:
-            raise ValueError(f"the LoRA weights of {path} lack lora_A or lora_B; the checkpoint is incomplete")
-        name = original_module_name(path, a)
-        shape = original.get(f"{name}.weight")
-        if shape is None:
-            raise ValueError(f"the adapted layer {path} ({name}) is not a weight of the original Wan model for this "
-                             "config, so ComfyUI would not load it; export with --format lora instead")
-        if a.shape[0] != rank or b.shape[1] != rank or shape != (b.shape[0], a.shape[1]):
-            raise ValueError(f"{path}: LoRA shapes A {tuple(a.shape)}, B {tuple(b.shape)} do not fit rank {rank} and "
-                             f"the weight {shape}; the checkpoint does not match its LoRA config")
-        key = PREFIX + name
-        out[f"{key}.lora_A.weight"] = a if dtype is None else a.to(dtype)
-        out[f"{key}.lora_B.weight"] = b if dtype is None else b.to(dtype)
-        out[f"{key}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
-    return out
+    return comfyui_lora_keys(lora, original_weights(cfg), rank, alpha, "original Wan model", original_module_name,
+                             dtype)
