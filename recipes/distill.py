@@ -78,9 +78,9 @@ def distill_wan_1_3b() -> run.Partial:
 
 @run.cli.factory(target=train)
 def distill_wan_14b() -> run.Partial:
-    """Wan2.1-T2V-14B distilled to a 4-step student on 4+ GPUs of 80 GB: the student and critic as LoRA (rank 64)
-    on one bf16 frozen base each, the teacher frozen in bf16, FSDP2 over every rank, full activation checkpointing.
-    Not measured on GPUs.
+    """Wan2.1-T2V-14B distilled to a 4-step student on 4+ GPUs: the student and critic as LoRA (rank 64) on one bf16
+    frozen base each, the frozen teacher as built (fp32, computing in bf16), all three sharded by FSDP2 over every
+    rank, full activation checkpointing. Not measured on GPUs (no 4-GPU machine was available).
     CLI: ``torchrun --nproc-per-node 4 launchers/train.py --factory distill_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = distill.distill_wan_14b(); recipe.lora.rank = 128``
     """
