@@ -149,8 +149,9 @@ def sampling_config(args, generation, objective, source, default_steps: int = 35
     if args.sampler is not None:
         raise ValueError(f"{source} is a distilled student: it samples with its own few-step schedule; drop --sampler")
     args.steps, args.guidance = len(levels), 1.0
-    print(f"{source} is a {len(levels)}-step distilled student ({student.get('method', 'dmd2')}): sampling its noise "
-          f"levels {shown}, no CFG")
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        print(f"{source} is a {len(levels)}-step distilled student ({student.get('method', 'dmd2')}): sampling its noise "
+              f"levels {shown}, no CFG")
     return SamplingConfig(num_steps=len(levels), guidance=1.0, sampler="few-step", seed=args.seed, levels=levels)
 
 
