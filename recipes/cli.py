@@ -115,7 +115,9 @@ def run_cli(target, argv: list[str], prog: str) -> int:
         code, message = _user_error(e)
         if code is None or "-v" in argv or "--verbose" in argv:
             raise  # a bug or an environment failure (or -v): the traceback
-        print(f"error: {_rank_prefix()}{message}", file=sys.stderr)
+        # One write per line: under torchrun the ranks share stderr, and a separate newline write interleaves them.
+        sys.stderr.write(f"error: {_rank_prefix()}{message}\n")
+        sys.stderr.flush()
         return code
     return rc if isinstance(rc, int) else 0
 
