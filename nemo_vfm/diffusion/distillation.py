@@ -26,8 +26,15 @@ The objective is the teacher's: plain :class:`~nemo_vfm.diffusion.flow_matching.
 ``x - t v``, forward process ``(1 - t) x0 + t n``) or :class:`~nemo_vfm.diffusion.edm.EDM` (``D(x; sigma)``,
 ``x0 + sigma n``). Noise levels are the objective's own: flow-matching times ``t`` or EDM sigmas.
 
-Not built here: the GAN term on the critic's features (``gan_weight > 0`` raises: our networks expose no
-features hook), the training step over three networks, their checkpointing, recipes and export.
+The GAN term (``gan_weight > 0``, DMD2's section 4.2): a discriminator ``D(x_t, level) -> logits (B,)`` (the
+critic's intermediate features through a small head; :class:`~nemo_vfm.lightning.distill_module.DistillationModule`
+builds it) tells noised real latents from noised student samples. The generator adds ``gan_weight *
+softplus(-D(add_noise(x0)))`` (non-saturating; its gradient reaches the student's ``x0`` only, never the critic's
+weights: :meth:`DMD2.gan_generator_loss`), the critic ``gan_critic_weight * (softplus(-D(real_t)) +
+softplus(D(fake_t)))`` (:meth:`DMD2.gan_critic_loss`).
+
+Not built here: the training step over three networks, their checkpointing, recipes and export (the Lightning
+module does those).
 
 Legend: B batch, C latent channels, T/H/W latent frames/height/width; K the student's steps.
 """
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from nemo_vfm.diffusion import samplers
 from nemo_vfm.diffusion.conditioning import guided
@@ -115,8 +123,10 @@ class DMD2:
     convention, ``uncond + w (cond - uncond)``; 1 turns it off). ``level_range``: the DMD loss draws
     ``u ~ U(lo, hi)`` per sample, mapped to a noise level by :meth:`level_at` (DMD2's ``[0.02, 0.98]``).
     ``generator_update_every``: the critic updates every step, the generator on every N-th (DMD2's two time-scale
-    rule). ``gan_weight``: the GAN term on the critic's features (not built: must be 0). ``rho``: the Karras
-    schedule's exponent (EDM only).
+    rule). ``gan_weight``: the generator's GAN term (0: off; DMD2 used 3e-3 to 5e-3); ``gan_critic_weight``: the
+    critic's GAN classification loss (DMD2's 1e-2), read only when ``gan_weight > 0``; ``gan_feature_block``: which
+    block's output the discriminator reads (None: the middle block; read by the Lightning module). ``rho``: the
+    Karras schedule's exponent (EDM only).
     """
 
     objective: Any
@@ -126,6 +136,8 @@ class DMD2:
     level_range: tuple[float, float] = (0.02, 0.98)
     generator_update_every: int = 5
     gan_weight: float = 0.0
+    gan_critic_weight: float = 0.01
+    gan_feature_block: int | None = None
     rho: float = 7.0
 
     def __post_init__(self):
@@ -156,11 +168,15 @@ class DMD2:
         if self.generator_update_every < 1:
             raise ValueError(f"DMD2.generator_update_every must be >= 1 (critic steps per generator step, e.g. 5), "
                              f"got {self.generator_update_every}")
-        if self.gan_weight < 0:
-            raise ValueError(f"DMD2.gan_weight must be >= 0, got {self.gan_weight}")
-        if self.gan_weight > 0:
-            raise NotImplementedError("DMD2's GAN term needs the critic's intermediate features, which our networks "
-                                      "expose no hook for yet, so it is not built; set gan_weight=0")
+        if self.gan_weight < 0 or self.gan_critic_weight < 0:
+            raise ValueError(f"DMD2.gan_weight and gan_critic_weight must be >= 0, got {self.gan_weight} and "
+                             f"{self.gan_critic_weight}")
+        if self.gan_weight == 0 and (self.gan_critic_weight != 0.01 or self.gan_feature_block is not None):
+            raise ValueError("DMD2.gan_critic_weight / gan_feature_block shape the GAN term, which is off "
+                             "(gan_weight=0); set gan_weight > 0 (e.g. 0.003) or leave them at their defaults")
+        if self.gan_weight > 0 and self.gan_critic_weight == 0:
+            raise ValueError("DMD2.gan_weight > 0 with gan_critic_weight=0 would train the generator against an "
+                             "untrained discriminator; set gan_critic_weight > 0 (DMD2: 0.01)")
 
     # -- schedule -----------------------------------------------------------------------------------
     def schedule(self, device=None) -> torch.Tensor:
@@ -273,6 +289,45 @@ class DMD2:
         target = (x0.detach().float() - grad).detach()
         loss = 0.5 * ((x0.float() - target) ** 2).mean()
         return loss, {"dmd_loss": loss.detach(), **logs}
+
+    @property
+    def gan(self) -> bool:
+        """Whether the GAN term is on (``gan_weight > 0``)."""
+        return self.gan_weight > 0
+
+    def _noised(self, x0: torch.Tensor, generator: torch.Generator | None):
+        level = self.draw_level(x0.shape[0], generator, x0.device)
+        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        return add_noise(self.objective, x0, noise, level), level
+
+    def gan_generator_loss(self, x0: torch.Tensor, discriminate,
+                           generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+        """The generator's GAN term (scalar, ``gan_weight`` applied) and logs for the student's ``x0 (B, C, T, H, W)``:
+        ``gan_weight * mean(softplus(-D(x_t, level)))`` at one drawn level and noise per sample
+        (:meth:`draw_level`). ``discriminate(x_t, level) -> (B,)`` logits. Its gradient reaches ``x0`` only: the
+        discriminator's gradient with respect to its input is taken here (``torch.autograd.grad``), so no gradient
+        lands on the critic's weights, and the returned loss carries it to ``x0`` (its value is the GAN loss)."""
+        x = x0.detach().requires_grad_(True)
+        with torch.enable_grad():
+            x_t, level = self._noised(x, generator)
+            value = self.gan_weight * F.softplus(-discriminate(x_t, level).float()).mean()
+            (grad,) = torch.autograd.grad(value, x)
+        surrogate = (x0.float() * grad.float()).sum()
+        loss = surrogate - surrogate.detach() + value.detach()
+        return loss, {"gan_generator_loss": value.detach()}
+
+    def gan_critic_loss(self, discriminate, real: torch.Tensor, fake: torch.Tensor,
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+        """The discriminator's loss (scalar, ``gan_critic_weight`` applied) and logs: noised ``real`` latents (the
+        batch) should score high, noised student samples ``fake`` (detached) low: ``mean(softplus(-D(real_t))) +
+        mean(softplus(D(fake_t)))``, each at its own drawn levels and noise."""
+        real_t, real_level = self._noised(real.detach().to(fake.dtype), generator)
+        fake_t, fake_level = self._noised(fake.detach(), generator)
+        d_real, d_fake = discriminate(real_t, real_level).float(), discriminate(fake_t, fake_level).float()
+        loss = self.gan_critic_weight * (F.softplus(-d_real).mean() + F.softplus(d_fake).mean())
+        logs = {"gan_loss": loss.detach(), "gan_real_logit": d_real.detach().mean(),
+                "gan_fake_logit": d_fake.detach().mean()}
+        return loss, logs
 
     def critic_loss(self, critic, x0: torch.Tensor, cond: dict, loss_mask: torch.Tensor | None = None,
                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:

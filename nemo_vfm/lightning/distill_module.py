@@ -19,6 +19,14 @@ One micro-batch (:meth:`DistillationModule.forward_backward`)::
     else: x0 = the same, without grad
     backward(dmd.critic_loss(critic, x0.detach(), cond))
 
+With ``gan_weight > 0`` the critic also carries DMD2's GAN discriminator: :class:`GANHead` on the token mean of
+one critic block's output (``gan_feature_block``, default the middle one), a replicated module trained with the critic
+(its gradients averaged over the data-parallel ranks, clipped with the critic's); the generator's turn adds its GAN
+term and every critic turn the classification loss on noised real latents (the batch's) against noised student
+samples (:class:`~nemo_vfm.diffusion.distillation.DMD2`). With FSDP / data parallelism only: under context
+parallelism the tokens are split, and under tensor parallelism the weights did not match one process's in our
+2-process gloo test, so both raise.
+
 The student's schedule (``generation["student"]``: its noise levels) is saved in every checkpoint's header, so
 ``vfm generate`` samples a student with its own few-step schedule and no CFG.
 """
@@ -44,6 +52,8 @@ class DistillConfig:
     level_range: tuple[float, float] = (0.02, 0.98)
     generator_update_every: int = 5
     gan_weight: float = 0.0
+    gan_critic_weight: float = 0.01
+    gan_feature_block: int | None = None
     rho: float = 7.0
     critic_lr: float | None = None
 
@@ -71,6 +81,22 @@ def student_sampling(sampling, dmd):
     return replace(sampling, sampler="few-step", levels=tuple(levels), num_steps=len(levels), guidance=1.0)
 
 
+class GANHead(torch.nn.Module):
+    """DMD2's discriminator head: features ``(B, S, D)`` (a critic block's output) -> token mean -> LayerNorm ->
+    Linear -> SiLU -> Linear -> logits ``(B,)``. Replicated on every rank (``vfm_replicated``: ``train_step`` averages
+    its gradients over the data-parallel ranks)."""
+
+    vfm_replicated = True
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim), torch.nn.SiLU(),
+                                       torch.nn.Linear(dim, 1))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features.mean(dim=1)).squeeze(-1)
+
+
 class DistillationModule(DiffusionModule):
     """The student (``model``, with EMA and optional LoRA), the frozen ``teacher`` and the ``critic`` (with the
     student's LoRA adapters when ``lora`` is set, else full weights), trained with DMD2 (``distill``)."""
@@ -81,6 +107,8 @@ class DistillationModule(DiffusionModule):
         self.distill, self.dmd = distill, distill.dmd(objective)
         self.teacher: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
+        self.gan_head: GANHead | None = None
+        self._gan_features: list | None = None  # filled by the hook on the critic's feature block while it is armed
         self.hparams["distill"] = distill
 
     def configure_model(self):
@@ -92,11 +120,60 @@ class DistillationModule(DiffusionModule):
         if getattr(strategy, "pipeline_parallel", False):
             raise NotImplementedError("DMD2 distillation under pipeline parallelism is not built; use FSDP, TP or CP "
                                       "(trainer.strategy.pipeline_model_parallel_size=1)")
+        if self.dmd.gan:
+            dims = getattr(strategy, "dims", None)
+            if dims is not None and (dims.cp > 1 or dims.tp > 1):
+                raise NotImplementedError("DMD2's GAN term under context or tensor parallelism is not built (under CP "
+                                          "the discriminator's tokens are split; under TP its weights do not yet match "
+                                          "one process); set distill.gan_weight=0, or distil with FSDP / data "
+                                          "parallelism only")
         base = self.build_network()
         self.teacher = copy.deepcopy(base).requires_grad_(False)
         self.critic = self.with_lora(copy.deepcopy(base))
         self.model = self.with_lora(base)
         self.ema = self.ema_copy()
+        if self.dmd.gan:
+            self._arm_discriminator()
+
+    def _arm_discriminator(self) -> None:
+        """The GAN head (its width: the config's ``hidden_size``) and a hook on the critic's feature block."""
+        blocks = getattr(self.critic, "blocks", None)
+        width = getattr(self.model_config, "hidden_size", None)
+        if blocks is None or width is None:
+            raise NotImplementedError(f"DMD2's GAN term reads a block's output: {type(self.critic).__name__} has no "
+                                      "`blocks` or its config no `hidden_size`; set distill.gan_weight=0")
+        index = len(blocks) // 2 if self.dmd.gan_feature_block is None else self.dmd.gan_feature_block
+        if not 0 <= index < len(blocks):
+            raise ValueError(f"distill.gan_feature_block={index} is not a block of the critic (0..{len(blocks) - 1})")
+        with torch.random.fork_rng(devices=[]):  # the same initial head on every rank (the gradients are averaged)
+            torch.manual_seed(self.seed)
+            self.gan_head = GANHead(int(width))
+
+        def keep(module, args, out):
+            if self._gan_features is not None:
+                self._gan_features.append(out[0] if isinstance(out, (tuple, list)) else out)
+
+        blocks[index].register_forward_hook(keep)
+
+    def _discriminate(self, cond: dict):
+        """``D(x_t, level) -> (B,)``: the critic's pass at ``(x_t, level)`` with ``cond``, its feature block's output
+        through the GAN head."""
+        from nemo_vfm.diffusion.distillation import predict_x0
+
+        def discriminate(x_t, level):
+            self._gan_features = []
+            try:
+                out = predict_x0(self.objective, self.critic, x_t, level, cond)
+                features = self._gan_features[0]
+            finally:
+                self._gan_features = None
+            if features.dim() != 3 or features.shape[-1] != self.gan_head.net[0].normalized_shape[0]:
+                raise ValueError(f"the critic's feature block gave {tuple(features.shape)}, not (B, S, hidden_size)")
+            # the network's output joins the graph (times 0): backward then enters the critic where FSDP2 expects it,
+            # so its root-level weights are gathered and their gradients reduced as in any backward
+            return self.gan_head(features) + 0.0 * out.float().mean()
+
+        return discriminate
 
     def extra_networks(self) -> dict[str, torch.nn.Module]:
         """The networks the strategy lays out besides ``model`` and ``ema``."""
@@ -107,12 +184,14 @@ class DistillationModule(DiffusionModule):
         return [(net, True) for net in (self.model, self.ema, self.teacher, self.critic) if net is not None]
 
     def network_groups(self) -> list[list[torch.nn.Module]]:
-        return [[self.model], [self.critic]]
+        """The student; the critic (with the GAN head)."""
+        return [[self.model], [self.critic] + ([self.gan_head] if self.gan_head is not None else [])]
 
     def optimizer_groups(self) -> list[dict]:
-        """The student's groups, then the critic's (at ``distill.critic_lr`` when set)."""
+        """The student's groups, then the critic's and the GAN head's (at ``distill.critic_lr`` when set)."""
         critic_lr = {} if self.distill.critic_lr is None else {"lr": self.distill.critic_lr}
-        return self.param_groups(self.model) + self.param_groups(self.critic, **critic_lr)
+        head = [] if self.gan_head is None else self.param_groups(self.gan_head, **critic_lr)
+        return self.param_groups(self.model) + self.param_groups(self.critic, **critic_lr) + head
 
     def _shared_generator(self, micro_batch: int) -> torch.Generator:
         """Seeded by step and micro-batch only: every rank picks the same student step (same number of passes)."""
@@ -124,7 +203,7 @@ class DistillationModule(DiffusionModule):
         if hasattr(batch, "cu_seqlens"):
             raise NotImplementedError("DMD2 distillation on packed (THD) batches is not built; set "
                                       "data.max_seq_length=None")
-        real = batch["latents"]  # only its shape and the conditions are used: the student makes the samples
+        real = batch["latents"]  # its shape and the conditions (and the GAN term's real data): the student samples
         g = self.step_generator(real.device, micro_batch)
         cond = {k: batch[k] for k in COND_KEYS if batch.get(k) is not None}
         uncond = null_condition(cond, self.num_classes) if self.dmd.teacher_guidance != 1.0 else None
@@ -135,14 +214,24 @@ class DistillationModule(DiffusionModule):
         with torch.enable_grad() if generator_turn else torch.no_grad():
             x0 = self.dmd.generate(self.model, noise, cond, k, g)
         loss = torch.zeros((), device=real.device)
+        discriminate = self._discriminate(cond) if self.dmd.gan else None
         if generator_turn:
             gen_loss, gen_logs = self.dmd.generator_loss(x0, self.teacher, self.critic, cond, uncond, g)
+            if discriminate is not None:
+                gan_loss, gan_logs = self.dmd.gan_generator_loss(x0, discriminate, g)
+                gen_loss, gen_logs = gen_loss + gan_loss, {**gen_logs, **gan_logs}
             backward(gen_loss)
             loss, logs = gen_loss.detach(), {**logs, **gen_logs, "generator_loss": gen_loss.detach()}
         # network passes run, in forwards of this batch (the step log's FLOPs): k + 1 student passes, the critic's
         # training pass (3), and on the generator's steps its backward (2), the teacher (2 with CFG) and the critic
+        # (+ the GAN term: the critic's two discriminator passes and their backward (6); on the generator's steps one
+        # more pass and its backward to the input (3))
         self.forward_units = k + 1 + 3 + (2 + (1 if uncond is None else 2) + 1 if generator_turn else 0)
         critic_loss, critic_logs = self.dmd.critic_loss(self.critic, x0, cond, batch.get("loss_mask"), g)
+        if discriminate is not None:
+            self.forward_units += 6 + (3 if generator_turn else 0)
+            gan_loss, gan_logs = self.dmd.gan_critic_loss(discriminate, real, x0, g)
+            critic_loss, critic_logs = critic_loss + gan_loss, {**critic_logs, **gan_logs}
         backward(critic_loss)
         logs.update({f"critic_{name}": v for name, v in critic_logs.items()}, critic_loss=critic_loss.detach())
         return loss + critic_loss.detach(), logs, real.shape[0]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nemo_vfm.diffusion.conditioning import null_condition
-from nemo_vfm.diffusion.distillation import DMD2, default_levels, fold_guidance, predict_x0
+from nemo_vfm.diffusion.distillation import DMD2, add_noise, default_levels, fold_guidance, predict_x0
 from nemo_vfm.diffusion.edm import EDM
 from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
 from nemo_vfm.diffusion.flow_matching import FlowMatching
@@ -214,7 +214,10 @@ def test_schedules():
     (dict(level_range=(0.9, 0.1)), ValueError, "level_range"),
     (dict(generator_update_every=0), ValueError, "generator_update_every"),
     (dict(gan_weight=-1.0), ValueError, "gan_weight"),
-    (dict(gan_weight=0.1), NotImplementedError, "set gan_weight=0"),
+    (dict(gan_critic_weight=-1.0), ValueError, "gan_critic_weight"),
+    (dict(gan_critic_weight=0.1), ValueError, "GAN term, which is off"),
+    (dict(gan_feature_block=3), ValueError, "GAN term, which is off"),
+    (dict(gan_weight=0.1, gan_critic_weight=0.0), ValueError, "untrained discriminator"),
 ])
 def test_bad_settings_raise_naming_the_fix(kw, err, match):
     with pytest.raises(err, match=match):
@@ -349,3 +352,54 @@ def test_the_student_moves_to_the_teachers_distribution():
         dmd.critic_loss(critic, x0, {}, generator=g)[0].backward()
         opt_c.step()
     assert abs(dmd.sample(student, probe, {}).mean() - _GaussianTeacher.mu) < 0.2
+
+
+class TinyDiscriminator(nn.Module):
+    """``D(x_t (B, C, T, H, W), level (B,)) -> (B,)``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.proj = nn.Linear(C, 1)
+        self.time = nn.Linear(1, 1)
+
+    def forward(self, x_t, level):
+        return self.proj(torch.tanh(x_t).mean((2, 3, 4))).squeeze(-1) + self.time(level[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("obj", [FlowMatching(shift=3.0), EDM()], ids=["flow", "edm"])
+def test_gan_generator_term_reaches_the_samples_only(obj):
+    dmd = DMD2(objective=obj, gan_weight=0.005)
+    disc = TinyDiscriminator()
+    x0 = torch.randn(B, C, T, H, W, requires_grad=True)
+    loss, logs = dmd.gan_generator_loss(x0, disc, torch.Generator().manual_seed(1))
+    loss.backward()
+    assert all(p.grad is None for p in disc.parameters())  # the discriminator's weights take nothing
+    g = torch.Generator().manual_seed(1)  # by hand: the same draws, the loss's own gradient
+    x = x0.detach().requires_grad_(True)
+    level = dmd.draw_level(B, g)
+    noise = torch.randn(x.shape, generator=g)
+    direct = 0.005 * torch.nn.functional.softplus(-disc(add_noise(obj, x, noise, level), level)).mean()
+    direct.backward()
+    torch.testing.assert_close(loss.detach(), direct.detach())
+    torch.testing.assert_close(logs["gan_generator_loss"], direct.detach())
+    torch.testing.assert_close(x0.grad, x.grad)
+
+
+def test_gan_critic_term_is_the_classification_loss():
+    obj = FlowMatching(shift=3.0)
+    dmd = DMD2(objective=obj, gan_weight=0.005, gan_critic_weight=0.02)
+    disc = TinyDiscriminator()
+    real, fake = torch.randn(B, C, T, H, W), torch.randn(B, C, T, H, W) * 2
+    loss, logs = dmd.gan_critic_loss(disc, real, fake, torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(2)
+    noised = []
+    for x in (real, fake):
+        level = dmd.draw_level(B, g)
+        noised.append((add_noise(obj, x, torch.randn(x.shape, generator=g), level), level))
+    sp = torch.nn.functional.softplus
+    direct = 0.02 * (sp(-disc(*noised[0])).mean() + sp(disc(*noised[1])).mean())
+    torch.testing.assert_close(loss, direct)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in disc.parameters())
+    assert set(logs) == {"gan_loss", "gan_real_logit", "gan_fake_logit"}

@@ -114,14 +114,14 @@ def test_a_micro_batch_backward_is_the_dmd2_objective(objective):
     assert any(float(p.abs().max()) > 0 for p in got["model"]) and any(float(p.abs().max()) > 0 for p in got["critic"])
 
 
-def _train(root, steps, init_from=None, lora=None):
+def _train(root, steps, init_from=None, lora=None, **distill):
     from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
 
     trainer = TrainerConfig(max_steps=steps, accelerator="cpu", devices=1, precision="32-true", log_every_n_steps=1,
                             checkpoint_every_n_steps=2, enable_progress_bar=False, gradient_clip_val=1.0)
     return train(model=_cfg(), data=_data(), trainer=trainer, objective=FlowMatching(shift=3.0), ema_decay=0.9,
                  optim=OptimConfig(lr=1e-3, warmup_steps=0), init_from=init_from, lora=lora,
-                 distill=DistillConfig(num_steps=2, generator_update_every=2),
+                 distill=DistillConfig(num_steps=2, generator_update_every=2, **distill),
                  log=ExperimentConfig(name="d", root=str(root), tensorboard=False))
 
 
@@ -237,3 +237,51 @@ def test_a_lora_distillation_names_every_frozen_weight_for_checkpoints_to_leave_
         adapters = [k for k in state if k.startswith(root + ".") and ".lora_" in k]
         assert adapters and not set(adapters) & frozen
         assert any(k.startswith(root + ".") for k in frozen)
+
+
+def test_the_gan_term_trains_its_head_with_the_critic_and_resumes_exactly(tmp_path):
+    straight = _train(tmp_path / "a", 4, gan_weight=0.01, gan_critic_weight=0.05)
+    _train(tmp_path / "b", 2, gan_weight=0.01, gan_critic_weight=0.05)
+    resumed = _train(tmp_path / "b", 4, gan_weight=0.01, gan_critic_weight=0.05)
+    a, full = _state(straight["checkpoint"])
+    b, _ = _state(resumed["checkpoint"])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    head = {k for k in a if k.startswith("gan_head.")}
+    assert head == {f"gan_head.net.{i}.{w}" for i in (0, 1, 3) for w in ("weight", "bias")}
+    n_trained = sum(1 for k in a if k.startswith(("model.", "critic.", "gan_head.")))
+    assert len(full["optimizer_states"][0]["state"]) == n_trained  # the head is trained with the critic
+    logged = (tmp_path / "a").rglob("metrics.jsonl")
+    text = "".join(p.read_text() for p in logged)
+    assert "critic_gan_loss" in text and "gan_generator_loss" in text
+
+
+def test_the_generators_gan_term_leaves_the_critics_weights_alone():
+    torch.manual_seed(0)
+    module = _built(DistillationModule(_cfg(), FlowMatching(shift=3.0), DistillConfig(num_steps=2, gan_weight=0.01),
+                                       OptimConfig(warmup_steps=0)))
+    assert module.gan_head is not None and module.network_groups()[1] == [module.critic, module.gan_head]
+    data = _data()
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    cond = {k: batch[k] for k in ("context", "context_mask")}
+    x0 = module.dmd.generate(module.model, torch.randn_like(batch["latents"]), cond, 0)
+    loss, logs = module.dmd.gan_generator_loss(x0, module._discriminate(cond))
+    loss.backward()
+    assert all(p.grad is None for p in module.critic.parameters())
+    assert all(p.grad is None for p in module.gan_head.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.model.parameters())
+    assert logs["gan_generator_loss"] > 0
+
+
+def test_the_gan_term_refuses_split_tokens_and_a_missing_block(tmp_path):
+    from types import SimpleNamespace
+
+    module = DistillationModule(_cfg(), FlowMatching(), DistillConfig(gan_weight=0.01), OptimConfig())
+    for cp, tp in ((2, 1), (1, 2)):
+        module._trainer = SimpleNamespace(strategy=SimpleNamespace(dims=SimpleNamespace(cp=cp, tp=tp)))
+        with pytest.raises(NotImplementedError, match="context or tensor parallelism is not built"):
+            module.configure_model()
+    module = DistillationModule(_cfg(), FlowMatching(), DistillConfig(gan_weight=0.01, gan_feature_block=5),
+                                OptimConfig())
+    with pytest.raises(ValueError, match="gan_feature_block=5 is not a block"):
+        module.configure_model()

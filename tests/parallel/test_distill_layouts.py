@@ -12,7 +12,7 @@ LAYOUTS = {
 }
 
 
-def _distil(rank, world, root, layouts):
+def _distil(rank, world, root, layouts, gan=None):
     import lightning as L
     from torch.distributed.tensor import DTensor
 
@@ -38,7 +38,7 @@ def _distil(rank, world, root, layouts):
                 self.seen["teacher0"] = {clean_name(n): full(p) for n, p in module.teacher.named_parameters()}
 
             def on_train_end(self, trainer, module):
-                for net in ("model", "critic", "teacher", "ema"):
+                for net in ("model", "critic", "teacher", "ema") + (("gan_head",) if gan else ()):
                     self.seen[net] = {clean_name(n): full(p) for n, p in getattr(module, net).named_parameters()}
 
         model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16)
@@ -49,7 +49,7 @@ def _distil(rank, world, root, layouts):
                                 gradient_clip_val=1.0, callbacks=[Capture(seen)], enable_progress_bar=False,
                                 checkpoint_every_n_steps=100, final_checkpoint=False)
         train(model=model, data=data, trainer=trainer, objective=FlowMatching(shift=3.0), ema_decay=0.9,
-              optim=OptimConfig(lr=1e-3, warmup_steps=0), distill=DistillConfig(num_steps=3, generator_update_every=2),
+              optim=OptimConfig(lr=1e-3, warmup_steps=0), distill=DistillConfig(num_steps=3, generator_update_every=2, **(gan or {})),
               log=ExperimentConfig(name=name.replace(" ", "_"), root=root, tensorboard=False))
     return out
 
@@ -80,3 +80,18 @@ def test_distillation_layouts_train_like_one_process(reference, tmp_path):
     assert not failures, failures
     assert all(torch.equal(results[0][n]["model"][k], results[1][n]["model"][k]) for n in LAYOUTS
                for k in ref["model"])
+
+
+
+def test_the_gan_heads_stay_replicated_under_fsdp(tmp_path):
+    """Under data parallel + FSDP (each rank its own samples) the GAN head, a replicated module beside the sharded
+    networks, starts the same on every rank and its gradients are averaged, so it stays the same; it trains."""
+    import torch
+
+    gan = dict(gan_weight=0.01, gan_critic_weight=0.05)
+    start = run_distributed(_distil, 1, str(tmp_path / "one"), {"one": {}}, gan)[0]["one"]
+    results = run_distributed(_distil, 2, str(tmp_path / "two"), {"DP2 + FSDP": {}}, gan)
+    heads = [r["DP2 + FSDP"]["gan_head"] for r in results]
+    assert _max_err(heads[0], heads[1]) == 0
+    assert _max_err(heads[0], start["gan_head"]) > 0  # trained on other samples than the one-process run
+    assert all(torch.isfinite(v).all() for r in results for net in ("model", "critic") for v in r["DP2 + FSDP"][net].values())
