@@ -13,7 +13,8 @@ clip's first-frame latents for Wan image-to-video fine-tuning
 (``lora_wan2_2_i2v_a14b``): ``vfm prepare input=clips/ output=data/wan_i2v tokenizer=wan tokenizer.path=WAN_DIR
 text_encoder=umt5 text_encoder.path=WAN_DIR image_condition=wan_i2v``.
 LTX-2 (audio + video, ``lora_ltx2``): ``vfm prepare input=clips/ output=data/ltx2_prepared tokenizer=ltx2
-tokenizer.path=LTX2_DIR text_encoder=ltx2 text_encoder.path=LTX2_DIR audio_vae=LTX2_DIR patch_multiple=[1,1,1]``
+tokenizer.path=LTX2_DIR text_encoder=ltx2 text_encoder.path=LTX2_DIR text_encoder.device=cuda audio_vae=LTX2_DIR
+patch_multiple=[1,1,1] device=cuda``
 (``missing_audio=skip|video_only|error`` for clips without an audio track, ``skip`` by default).
 """
 

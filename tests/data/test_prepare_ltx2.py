@@ -7,7 +7,6 @@ mixed in)."""
 import json
 import math
 import shutil
-import sys
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,11 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ltx2_folder import build_pipeline_folder, write_clip  # noqa: E402
+from ltx2_folder import build_pipeline_folder, write_clip  # tests/data/ltx2_folder.py (pytest puts tests/data on the path)
 
-from nemo_vfm.data.prepare import MissingAudioError, PrepareConfig, prepare  # noqa: E402
-from nemo_vfm.tokenizers import audio_mel  # noqa: E402
+from nemo_vfm.data.prepare import MissingAudioError, PrepareConfig, prepare
+from nemo_vfm.tokenizers import audio_mel
 
 pytest.importorskip("diffusers")
 CAPTIONS = {"a": "a red circle moving left", "b": "blue square on black background", "c": "green triangle up"}
