@@ -233,3 +233,18 @@ def test_objective_masks_the_audio_loss_per_sample():
     torch.testing.assert_close(logs["mse_audio"], ((u[0] - (m[0] - a0[0])) ** 2).mean())
     none = {**cond, "audio_mask": torch.tensor([False, False])}
     assert obj.training_loss(net, x0, none, generator=torch.Generator().manual_seed(3))[1]["mse_audio"] == 0
+
+
+def test_audio_reads_from_files_and_shard_bytes_and_packing_refuses_it(clips, video_only_out):
+    from nemo_vfm.data.task_encoder import ClipSample, VideoTaskEncoder
+    from nemo_vfm.io.audio import read_audio
+
+    wave, rate = read_audio(clips / "b.mp4", max_seconds=0.5)
+    again, rate_b = read_audio((clips / "b.mp4").read_bytes(), max_seconds=0.5)  # webdataset shards: mp4 bytes
+    assert wave.shape == (2, 8000) and rate == rate_b == 16000 and np.array_equal(wave, again)
+    assert read_audio(clips / "c.mp4") is None
+    sample = ClipSample(__key__="a", __restore_key__=(), __subflavors__=None, __sources__=None,
+                        latent=torch.zeros(8, 3, 2, 2), text_emb=torch.zeros(8, 16), text_mask=torch.ones(8).bool(),
+                        fps=8.0, meta={}, audio_latent=torch.zeros(2, 29, 4), has_audio=True)
+    with pytest.raises(NotImplementedError, match="max_seq_length=None"):
+        VideoTaskEncoder(patch_size=(1, 1, 1), max_seq_length=64).to_tokens(sample)
