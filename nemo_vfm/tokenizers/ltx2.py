@@ -70,7 +70,10 @@ class LTX2TextEncoder(TextEncoder):
         self.dim = c.video_connector_num_attention_heads * c.video_connector_attention_head_dim
         self.audio_dim = c.audio_connector_num_attention_heads * c.audio_connector_attention_head_dim
         regs = c.video_connector_num_learnable_registers
-        if regs and self.max_length % regs:
+        if not regs or not c.audio_connector_num_learnable_registers:  # then the mask stays left-padded
+            raise ValueError("LTX-2 text encoder: connectors without learnable registers are not supported (their "
+                             "output mask is left-padded, which the loader's right-trimmed text does not read)")
+        if self.max_length % regs:
             raise ValueError(f"LTX-2 text encoder: max_length={max_length} must be a multiple of the connectors' "
                              f"{regs} learnable registers")
 

@@ -1,6 +1,7 @@
 """LTX-2 through ``vfm prepare`` and the Energon loader: the Slaney mel front end against a hand computation; the
 prepared video latents, video + audio text and audio latents equal the tiny pipeline folder's VAEs / Gemma 3 +
-connectors applied directly with diffusers' LTX2Pipeline normalisation; the missing-audio policies; a resumed prepare;
+connectors applied directly with diffusers' LTX2Pipeline normalisation (the audio through the same mel front end,
+which is checked on its own by hand); the missing-audio policies; a resumed prepare;
 batches with a per-sample audio mask; ``lora_ltx2`` training on the prepared shards (audio, and a video-only clip
 mixed in)."""
 
