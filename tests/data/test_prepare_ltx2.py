@@ -207,8 +207,11 @@ def _lora_ltx2_on(path, tmp_path, batch):
 def test_lora_ltx2_trains_on_prepared_audio_video(tmp_path, clips, ltx2_dir, video_only_out):
     with_audio = tmp_path / "with_audio"
     assert _prepare(clips, with_audio, ltx2_dir).written == 2  # missing_audio=skip: a and b
-    assert _lora_ltx2_on(with_audio, tmp_path / "audio", 2)["step"] == 2
-    assert _lora_ltx2_on(video_only_out, tmp_path / "mixed", 3)["step"] == 2  # c (no audio) in every batch
+    for name, data, batch in (("audio", with_audio, 2), ("mixed", video_only_out, 3)):  # mixed: c in every batch
+        assert _lora_ltx2_on(data, tmp_path / name, batch)["step"] == 2
+        rows = [json.loads(x) for x in next((tmp_path / name).rglob("metrics.jsonl")).read_text().splitlines()]
+        audio = [v for r in rows for k, v in r.items() if k.endswith("mse_audio")]
+        assert len(audio) == 2 and all(v > 0 for v in audio), rows
 
 
 def test_objective_masks_the_audio_loss_per_sample():
