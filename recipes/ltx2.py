@@ -10,18 +10,31 @@ read from the release's trainer), logit-normal times.
 Data: a batch carries the video latents (``latents``, LTX-2 video VAE: 128 channels), the video stream's text
 (``context (L, 3840)`` + ``context_mask``: Gemma 3 states after the release's video connector) and, for the audio
 stream, ``audio_latents (8, La, 16)`` (LTX-2 audio VAE) with ``audio_context`` / ``audio_context_mask`` (the audio
-connector's output). Not built yet: ``vfm prepare`` has no LTX-2 VAEs, Gemma 3 encoder or connectors, and the
-Energon task encoder does not carry audio latents, so the prepared-data path feeds the video stream only
-(``with_video_only``); audio + video batches come from ``MockLatentDataModule(audio_shape=...)`` or a data module of
-your own that yields those keys. IC-LoRA (``lora_ltx2_ic``) adds ``reference_latents (128, Tr, Hr, Wr)`` per sample
-(the conditioning video's latents, at ``1 / model.reference_downscale`` of the target's height and width): they join
-the video tokens clean, at t = 0, and the loss covers the target; the prepared-data path does not carry them yet
-either.
+connector's output). ``vfm prepare`` writes all of them from an LTX-2 pipeline folder (diffusers layout: ``vae/``,
+``audio_vae/``, ``text_encoder/``, ``tokenizer/``, ``connectors/``) and the Energon loader (``data.path=DIR``, the
+recipes' ``energon_datamodule``, buckets) carries them into batches. Prepare, then train::
+
+    vfm prepare input=clips/ output=data/ltx2_prepared tokenizer=ltx2 tokenizer.path=/models/LTX-2 \\
+        text_encoder=ltx2 text_encoder.path=/models/LTX-2 text_encoder.device=cuda text_encoder.dtype=bf16 \\
+        audio_vae=/models/LTX-2 patch_multiple=[1,1,1] device=cuda
+    python launchers/train.py --factory lora_ltx2 --yes model.pretrained=/models/LTX-2 data.path=data/ltx2_prepared
+
+Clips keep ``1 + 8k`` frames (``max_frames=N`` caps them; ``height=H width=W``, multiples of 32, resize and crop);
+the audio latents cover the frames kept (``num_frames / fps`` seconds from the file's start, the release's trainer's
+log-mel front end, :mod:`nemo_vfm.tokenizers.audio_mel`). A clip without an audio track is skipped by default
+(recorded in ``data/ltx2_prepared/.prepare/report.json``); ``missing_audio=video_only`` keeps it and the objective
+trains its video stream only (its audio loss is masked per sample; its audio stream runs on a zero placeholder);
+``missing_audio=error`` stops at it. Packed batches (``data.max_seq_length``) refuse LTX-2 audio samples. The same
+folder trains ``lora_ltx2_video`` (the audio keys are dropped). Not built yet: IC-LoRA (``lora_ltx2_ic``) adds
+``reference_latents (128, Tr, Hr, Wr)`` per sample (the conditioning video's latents, at ``1 / model.reference_downscale``
+of the target's height and width): they join the video tokens clean, at t = 0, and the loss covers the target; ``vfm
+prepare`` does not write them, so its batches come from a data module of your own (or ``MockLatentDataModule(
+reference_shape=...)``). None of this was run at the release's sizes here (CPU tests on a tiny random pipeline folder).
 
 CLI::
 
     python launchers/train.py --factory lora_ltx2_video --yes model.pretrained=/models/LTX-2 data.path=DIR
-    python launchers/train.py --factory lora_ltx2 --yes model.pretrained=/models/LTX-2 data=AUDIO_VIDEO_DATA
+    python launchers/train.py --factory lora_ltx2 --yes model.pretrained=/models/LTX-2 data.path=DIR
     python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=/models/LTX-2 model.reference_downscale=2
 
 Python::
@@ -96,9 +109,9 @@ def finetune_ltx2() -> run.Partial:
 @run.cli.factory(target=train)
 def lora_ltx2() -> run.Partial:
     """LoRA (rank 32, alpha 32) on every attention and feed-forward linear of LTX-2's video and audio streams, trained
-    on both streams (batches with audio latents: module docstring); frozen base in bf16, FSDP2 over the GPUs given,
-    full activation checkpointing. GPU speed and memory not measured.
-    CLI: ``python launchers/train.py --factory lora_ltx2 --yes model.pretrained=DIR lora.rank=64``
+    on both streams (batches with audio latents: ``vfm prepare ... audio_vae=DIR``, module docstring); frozen base in
+    bf16, FSDP2 over the GPUs given, full activation checkpointing. GPU speed and memory not measured.
+    CLI: ``python launchers/train.py --factory lora_ltx2 --yes model.pretrained=DIR data.path=PREPARED lora.rank=64``
     Python: ``recipe = ltx2.lora_ltx2(); recipe.lora.rank = 64``
     """
     recipe = with_lora(_finetune("lora_ltx2"), rank=32, targets=LTX2_LORA_TARGETS, frozen_dtype="bf16")

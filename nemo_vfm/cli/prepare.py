@@ -12,6 +12,10 @@ pipeline folder with text_encoder_2/), as Kandinsky 6 trains on it. ``image_cond
 clip's first-frame latents for Wan image-to-video fine-tuning
 (``lora_wan2_2_i2v_a14b``): ``vfm prepare input=clips/ output=data/wan_i2v tokenizer=wan tokenizer.path=WAN_DIR
 text_encoder=umt5 text_encoder.path=WAN_DIR image_condition=wan_i2v``.
+LTX-2 (audio + video, ``lora_ltx2``): ``vfm prepare input=clips/ output=data/ltx2_prepared tokenizer=ltx2
+tokenizer.path=LTX2_DIR text_encoder=ltx2 text_encoder.path=LTX2_DIR text_encoder.device=cuda audio_vae=LTX2_DIR
+patch_multiple=[1,1,1] device=cuda``
+(``missing_audio=skip|video_only|error`` for clips without an audio track, ``skip`` by default).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="input=DIR output=DIR tokenizer=NAME text_encoder=NAME samples_per_shard=N max_frames=N "
                              "height=H width=W patch_multiple=[1,2,2] latent_dtype=float16 allow_missing_caption=true "
-                             "image_condition=wan_i2v device=cuda index=true progress=true; tokenizer.K=V and "
+                             "image_condition=wan_i2v audio_vae=DIR missing_audio=skip|video_only|error device=cuda "
+                             "index=true progress=true; tokenizer.K=V and "
                              "text_encoder.K=V for their kwargs")
 
 
@@ -52,7 +57,8 @@ def parse(pairs: list[str]):
         if dot and head in ("tokenizer", "text_encoder"):
             kw[f"{head}_kwargs"][sub] = _value(val)
         elif key in fields:
-            strings = ("input", "output", "tokenizer", "text_encoder", "image_condition", "clip_pooled")
+            strings = ("input", "output", "tokenizer", "text_encoder", "image_condition", "clip_pooled", "audio_vae",
+                       "missing_audio")
             kw[key] = val if key in strings else _value(val)
         else:
             raise ValueError(f"unknown argument {key!r}; choose from {', '.join(sorted(fields))}")

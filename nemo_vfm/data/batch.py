@@ -103,6 +103,10 @@ class VideoBatch(_ToDevice):
     meta: list[dict]
     cond_latents: torch.Tensor | None = None  # (B, tc + C, t, h, w): Wan I2V mask + image latents, if prepared
     pooled_context: torch.Tensor | None = None  # (B, Dp): pooled text embedding (CLIP), if prepared
+    audio_latents: torch.Tensor | None = None  # (B, Ca, La, M): LTX-2 audio latents, if prepared with audio_vae=
+    audio_context: torch.Tensor | None = None  # (B, L, Da): the audio stream's text (text_encoder=ltx2)
+    audio_context_mask: torch.Tensor | None = None  # (B, L) bool: context_mask, as LTX2Pipeline passes it
+    audio_mask: torch.Tensor | None = None  # (B,) bool, False: no audio (missing_audio=video_only); None: all have
 
     def __len__(self) -> int:
         return self.latents.shape[0]

@@ -14,6 +14,16 @@ manifest lines stay, and the same command resumes.
 ``image_condition=wan_i2v`` (Wan image-to-video, e.g. Wan 2.2 I2V-A14B) also VAE-encodes each clip's first frame
 followed by black frames, at the clip's size, into an ``image_latent.npy`` part; the loader stacks the first-frame
 mask on it as ``cond_latents`` (:mod:`nemo_vfm.data.batch`). Images and one-latent-frame clips are skipped then.
+
+LTX-2 (audio + video): ``tokenizer=ltx2 text_encoder=ltx2`` (the pipeline folder's video VAE; Gemma 3 + connectors,
+whose audio-stream text is stored as ``audio_text_emb.npy``) and ``audio_vae=DIR`` (the folder's ``audio_vae/``): each
+clip's first audio track over the frames kept (``num_frames / fps`` seconds from the file's start) -> log-mel ->
+``audio_latent.npy (Ca, La, M)`` (:class:`~nemo_vfm.tokenizers.ltx2.LTX2AudioVAE`). A clip without an audio track (and
+an image) follows ``missing_audio``: ``"skip"`` (default) records it as a failed input with the reason "no audio track"
+(in the manifest and ``report.json``, like any skipped input); ``"video_only"`` stores it without audio latents (its
+meta says ``audio.status == "missing"``; the loader gives it an all-zero placeholder and a False ``audio_mask``, so
+the objective trains its video stream only); ``"error"`` stops the run naming the clip (finished shards are kept).
+A rerun with another ``missing_audio`` retries the clips skipped for lacking audio.
 """
 
 from __future__ import annotations
@@ -37,6 +47,12 @@ from nemo_vfm.io.jsonl import write_atomic
 from nemo_vfm.io.run_lock import acquire
 
 log = logging.getLogger(__name__)
+MISSING_AUDIO = ("skip", "video_only", "error")
+NO_AUDIO = "no audio track"  # the start of the reason recorded for a clip skipped with missing_audio=skip
+
+
+class MissingAudioError(ValueError):
+    """A clip has no audio track and ``missing_audio="error"``: stops ``vfm prepare``."""
 
 
 @dataclass(kw_only=True)
@@ -58,6 +74,8 @@ class PrepareConfig:
     allow_missing_caption: bool = False
     image_condition: str | None = None  # "wan_i2v": also store the first frame's latents (Wan I2V cond_latents)
     clip_pooled: str | None = None  # a CLIP text encoder folder (or a pipeline's text_encoder_2/): its pooled text too
+    audio_vae: str | None = None  # an LTX-2 pipeline folder (audio_vae/) or audio VAE folder: audio latents too
+    missing_audio: str = "skip"  # with audio_vae, a clip without audio: "skip" | "video_only" | "error"
     device: str = "cpu"
     index: bool = True
     progress: bool = True
@@ -79,6 +97,8 @@ class PrepareConfig:
         if self.image_condition is not None and self.image_condition not in IMAGE_CONDITIONS:
             raise ValueError(f"PrepareConfig.image_condition must be one of {IMAGE_CONDITIONS} or None, "
                              f"got {self.image_condition!r}")
+        if self.missing_audio not in MISSING_AUDIO:
+            raise ValueError(f"PrepareConfig.missing_audio must be one of {MISSING_AUDIO}, got {self.missing_audio!r}")
         if self.latent_dtype not in LATENT_DTYPES:
             raise ValueError(f"PrepareConfig.latent_dtype must be one of {LATENT_DTYPES}, got {self.latent_dtype!r}")
         if self.samples_per_shard < 1:
@@ -157,7 +177,7 @@ def _resize_crop(video: torch.Tensor, height: int | None, width: int | None, mul
 
 
 def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
-                pooled_encoder=None) -> tuple[dict[str, bytes], SampleMeta]:
+                pooled_encoder=None, audio_vae=None) -> tuple[dict[str, bytes], SampleMeta]:
     """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
     from nemo_vfm.io.video import frames_to_tensor
 
@@ -180,12 +200,18 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
     if ph != pw:
         raise ValueError(f"patch_multiple h and w must match, got {cfg.patch_multiple}")
     video = _resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph)
+    audio_latent, audio_meta = _audio(item, cfg, audio_vae, n, fps) if audio_vae is not None else (None, None)
     with torch.no_grad():
         latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
     if not torch.isfinite(latent).all():
         raise ValueError("tokenizer produced non-finite latents")
     image = _image_latents(cfg, tokenizer, video, latent) if cfg.image_condition else None
-    emb, mask = text_encoder.encode([item.caption or ""])
+    audio_emb = None
+    if getattr(text_encoder, "audio_context", False):  # LTX-2: the audio stream's text too
+        emb, mask, audio_emb = text_encoder.encode_streams([item.caption or ""])
+        audio_emb = audio_emb[0].float().cpu().numpy()
+    else:
+        emb, mask = text_encoder.encode([item.caption or ""])
     emb, mask = emb[0].float().cpu(), mask[0].cpu()
     pooled = None if pooled_encoder is None else pooled_encoder.encode([item.caption or ""])[0].float().cpu().numpy()
     start = item.clip_span[0] if item.clip_span else 0.0
@@ -194,10 +220,35 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
                       height=int(video.shape[2]), width=int(video.shape[3]), clip_span=span,
                       latent_shape=tuple(int(v) for v in latent.shape), is_image=item.is_image,
                       tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra,
-                      image_condition=cfg.image_condition)
+                      image_condition=cfg.image_condition, audio=audio_meta)
     parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype,
-                          image_latent=None if image is None else image.numpy(), pooled_text=pooled)
+                          image_latent=None if image is None else image.numpy(), pooled_text=pooled,
+                          audio_latent=audio_latent, audio_text_emb=audio_emb)
     return parts, meta
+
+
+def _audio(item: InputItem, cfg: PrepareConfig, audio_vae, n: int, fps: float) -> tuple[np.ndarray | None, dict]:
+    """``(audio latents (Ca, La, M) or None, meta["audio"])`` of the first ``n`` frames' span; a clip without an
+    audio track follows ``cfg.missing_audio``."""
+    if not item.is_image and not fps:
+        raise ValueError("the video has no frame rate, so the audio span of its frames is unknown")
+    seconds = 0.0 if item.is_image else n / fps
+    track = None if item.is_image or item.load_audio is None else item.load_audio(seconds)
+    if track is None:
+        what = "an image has no audio" if item.is_image else "the clip has no audio track"
+        if cfg.missing_audio == "error":
+            raise MissingAudioError(f"{item.source}: {what} (missing_audio=error); pass missing_audio=video_only to "
+                                    "train its video stream only, or missing_audio=skip to leave it out")
+        if cfg.missing_audio == "skip":
+            raise ValueError(f"{NO_AUDIO} ({what}; missing_audio=skip; missing_audio=video_only keeps its video)")
+        shape = audio_vae.latent_shape(seconds)
+        return None, {"status": "missing", "latent_shape": list(shape), "seconds": seconds}
+    wave, rate = track
+    latent = audio_vae.encode(wave, rate, seconds)
+    if not torch.isfinite(latent).all():
+        raise ValueError("the audio VAE produced non-finite latents")
+    return latent.numpy(), {"status": "encoded", "latent_shape": list(latent.shape), "seconds": seconds,
+                            "source_sample_rate": int(rate), "source_channels": int(wave.shape[0])}
 
 
 def _image_latents(cfg: PrepareConfig, tokenizer, video: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
@@ -214,13 +265,19 @@ def _image_latents(cfg: PrepareConfig, tokenizer, video: torch.Tensor, latent: t
     return image
 
 
-def _check_same_image_condition(out: Path, image_condition: str | None) -> None:
-    """A resumed output keeps the ``image_condition`` its finished shards were written with."""
+def _check_same_format(out: Path, cfg: PrepareConfig) -> None:
+    """A resumed output keeps the ``image_condition`` and ``audio_vae`` (set or not) its finished shards were
+    written with."""
     old_file = out / STATE_DIR / "config.json"
-    old = json.loads(old_file.read_text()).get("image_condition") if old_file.is_file() else None
-    if old != image_condition and any(out.glob("*.tar")):
-        raise ValueError(f"output {out} was prepared with image_condition={old}; resume it with the same setting or "
-                         f"give another output= for image_condition={image_condition}")
+    old = json.loads(old_file.read_text()) if old_file.is_file() else {}
+    if not any(out.glob("*.tar")):
+        return
+    if old.get("image_condition") != cfg.image_condition:
+        raise ValueError(f"output {out} was prepared with image_condition={old.get('image_condition')}; resume it with "
+                         f"the same setting or give another output= for image_condition={cfg.image_condition}")
+    if bool(old.get("audio_vae")) != bool(cfg.audio_vae):
+        raise ValueError(f"output {out} was prepared {'with' if old.get('audio_vae') else 'without'} audio_vae=; resume "
+                         f"it the same way or give another output=")
 
 
 def unique_key(key: str, source: str, seen) -> str:
@@ -258,18 +315,23 @@ def prepare(cfg: PrepareConfig, rank: int | None = None, world_size: int | None 
         from nemo_vfm.tokenizers.clip_pooled import ClipPooledEncoder
 
         pooled_encoder = ClipPooledEncoder(cfg.clip_pooled, device=cfg.device)
-    _check_same_image_condition(out, cfg.image_condition)
+    audio_vae = None
+    if cfg.audio_vae:
+        from nemo_vfm.tokenizers.ltx2 import LTX2AudioVAE
+
+        audio_vae = LTX2AudioVAE(cfg.audio_vae, device=cfg.device)
+    _check_same_format(out, cfg)
     # two runs on one output would write the same rank's shards: one at a time (ranks of one run differ)
     lock = acquire(out / STATE_DIR / f"rank{rank}.lock", f"output {out}",
                    "wait for that vfm prepare to finish (the same command then resumes), or give another output=")
     try:
-        return _prepare(cfg, out, rank, world_size, tokenizer, text_encoder, pooled_encoder)
+        return _prepare(cfg, out, rank, world_size, tokenizer, text_encoder, pooled_encoder, audio_vae)
     finally:
         lock.release()
 
 
 def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenizer, text_encoder,
-             pooled_encoder=None) -> PrepareResult:
+             pooled_encoder=None, audio_vae=None) -> PrepareResult:
     from tqdm import tqdm
 
     if rank == 0:  # what `vfm generate` / previews need to rebuild the encoders of this dataset
@@ -277,7 +339,8 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
         spec = {"tokenizer": {"name": cfg.tokenizer, "kwargs": cfg.tokenizer_kwargs},
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
                 "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype,
-                "image_condition": cfg.image_condition, "clip_pooled": cfg.clip_pooled}
+                "image_condition": cfg.image_condition, "clip_pooled": cfg.clip_pooled, "audio_vae": cfg.audio_vae,
+                "missing_audio": cfg.missing_audio}
         write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
@@ -305,11 +368,15 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                 skipped += 1
                 continue
             prev = failed.get(key)
-            if prev is not None and item.fingerprint and prev.get("fingerprint") == item.fingerprint:
-                skipped_failed += 1  # failed before and unchanged since: not retried
+            if (prev is not None and item.fingerprint and prev.get("fingerprint") == item.fingerprint
+                    and not (cfg.missing_audio != "skip" and prev.get("reason", "").startswith(f"ValueError: {NO_AUDIO}"))):
+                skipped_failed += 1  # failed before and unchanged since: not retried (unless skipped for no audio)
                 continue
             try:
-                parts, _ = encode_item(item, cfg, tokenizer, text_encoder, pooled_encoder)
+                parts, _ = encode_item(item, cfg, tokenizer, text_encoder, pooled_encoder, audio_vae)
+            except MissingAudioError:  # missing_audio=error: stop; finished samples are kept and the run resumes
+                writer.flush()
+                raise
             except Exception as e:  # a corrupt input must not stop the run: record it with its reason
                 reason = f"{type(e).__name__}: {e}"
                 log.warning("skipping %s: %s", item.source, reason)

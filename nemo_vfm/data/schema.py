@@ -11,9 +11,15 @@ the same table for users.
 | ``json``        | :class:`SampleMeta` as a json object                                 |
 | ``image_latent.npy`` | optional: latents ``(C, t, h, w)`` of the first frame + black frames   |
 | ``pooled_text.npy`` | optional: a pooled text embedding ``(Dp,)`` (CLIP; Kandinsky 6), float32 |
+| ``audio_latent.npy`` | optional: audio latents ``(Ca, La, M)`` of the clip's span (LTX-2 audio VAE)  |
+| ``audio_text_emb.npy`` | optional: the audio stream's text ``(L, Da)`` (LTX-2 audio connector), mask ``text_mask`` |
 
 ``image_latent.npy`` is written by ``vfm prepare image_condition=wan_i2v`` (then ``meta.image_condition`` is
 ``"wan_i2v"``), in the dtype of ``latent.npy``. ``pooled_text.npy`` is written by ``vfm prepare clip_pooled=DIR``.
+``audio_text_emb.npy`` is written by text encoders with an audio stream (``text_encoder=ltx2``); ``audio_latent.npy``
+by ``vfm prepare audio_vae=DIR``, which also sets ``meta.audio``: ``{"status": "encoded", "latent_shape": [Ca, La, M],
+...}`` with the part, or ``{"status": "missing", "latent_shape": ...}`` without it (a clip without an audio track kept
+with ``missing_audio=video_only``: the loader masks its audio loss).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ TEXT_MASK = "text_mask.npy"
 META = "json"
 IMAGE_LATENT = "image_latent.npy"
 POOLED_TEXT = "pooled_text.npy"
-PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)  # required; IMAGE_LATENT and POOLED_TEXT are optional
+AUDIO_LATENT = "audio_latent.npy"
+AUDIO_TEXT_EMB = "audio_text_emb.npy"
+PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)  # required; the others are optional
 IMAGE_CONDITIONS = ("wan_i2v",)
 SCHEMA_VERSION = 1
 LATENT_DTYPES = ("float16", "float32")
@@ -54,6 +62,7 @@ class SampleMeta:
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)  # anything else the input carried (e.g. curation scores)
     image_condition: str | None = None  # "wan_i2v": the sample has an IMAGE_LATENT part
+    audio: dict | None = None  # vfm prepare audio_vae=: {"status": "encoded" | "missing", "latent_shape": [Ca, La, M]}
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -76,9 +85,11 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarray, meta: SampleMeta,
                   latent_dtype: str = "float16", image_latent: np.ndarray | None = None,
-                  pooled_text: np.ndarray | None = None) -> dict[str, bytes]:
+                  pooled_text: np.ndarray | None = None, audio_latent: np.ndarray | None = None,
+                  audio_text_emb: np.ndarray | None = None) -> dict[str, bytes]:
     """Arrays + metadata -> ``{part: bytes}`` ready for a tar shard (``image_latent``: same shape as ``latent``;
-    ``pooled_text``: ``(Dp,)``)."""
+    ``pooled_text``: ``(Dp,)``; ``audio_latent``: ``(Ca, La, M)``, given exactly when ``meta.audio`` says
+    "encoded"; ``audio_text_emb``: ``(L, Da)`` with ``text_emb``'s L)."""
     if (image_latent is None) != (meta.image_condition is None):
         raise ValueError(f"image_latent must be given exactly when meta.image_condition is set "
                          f"(got image_condition={meta.image_condition!r})")
@@ -102,6 +113,18 @@ def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarra
         if pooled_text.ndim != 1:
             raise ValueError(f"pooled_text must be (Dp,), got shape {pooled_text.shape}")
         parts[POOLED_TEXT] = npy_bytes(pooled_text.astype(np.float32))
+    encoded = meta.audio is not None and meta.audio.get("status") == "encoded"
+    if (audio_latent is not None) != encoded:
+        raise ValueError(f"audio_latent must be given exactly when meta.audio has status 'encoded' (got {meta.audio!r})")
+    if audio_latent is not None:
+        if audio_latent.ndim != 3:
+            raise ValueError(f"audio_latent must be (Ca, La, M), got shape {audio_latent.shape}")
+        parts[AUDIO_LATENT] = npy_bytes(audio_latent.astype(latent_dtype))
+    if audio_text_emb is not None:
+        if audio_text_emb.ndim != 2 or audio_text_emb.shape[0] != text_emb.shape[0]:
+            raise ValueError(f"audio_text_emb must be (L, Da) with text_emb's L={text_emb.shape[0]}, got "
+                             f"{audio_text_emb.shape}")
+        parts[AUDIO_TEXT_EMB] = npy_bytes(audio_text_emb.astype(latent_dtype))
     return parts
 
 
@@ -124,6 +147,11 @@ def decode_image_latent(raw: dict) -> np.ndarray | None:
 def decode_pooled_text(raw: dict) -> np.ndarray | None:
     """The optional ``pooled_text.npy`` part ``(Dp,)`` of a sample, or ``None``."""
     return _array(raw[POOLED_TEXT]) if raw.get(POOLED_TEXT) is not None else None
+
+
+def decode_audio(raw: dict) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The optional ``(audio_latent (Ca, La, M), audio_text_emb (L, Da))`` parts of a sample (``None`` if absent)."""
+    return tuple(_array(raw[p]) if raw.get(p) is not None else None for p in (AUDIO_LATENT, AUDIO_TEXT_EMB))
 
 
 def _array(v) -> np.ndarray:

@@ -41,6 +41,8 @@ class InputItem:
     extra: dict = field(default_factory=dict)
     fingerprint: str = ""  # sizes and mtimes of the source files: a failed input is retried once it changes
     error: str | None = None  # known unusable while listing (e.g. a malformed caption sidecar): the reason
+    # (max_seconds) -> (float32 waveform (C, N), sample rate) of the first audio track, or None without one
+    load_audio: Callable[[float | None], tuple[np.ndarray, int] | None] | None = None
 
 
 def safe_key(text: str) -> str:
@@ -69,6 +71,12 @@ def read_video_bytes(data: bytes, suffix: str = ".mp4") -> tuple[np.ndarray, flo
         f.write(data)
         f.flush()
         return read_video(f.name)
+
+
+def _read_audio(data: bytes, max_seconds: float | None):
+    from nemo_vfm.io.audio import read_audio
+
+    return read_audio(data, max_seconds)
 
 
 def _caption_from_json(d: dict) -> str | None:
@@ -151,6 +159,7 @@ def iter_folder(root: str | Path, exclude: list[str | Path] = ()) -> Iterator[In
 
     Folders in ``exclude`` (e.g. the output folder when it lies inside ``root``) are not searched.
     """
+    from nemo_vfm.io.audio import read_audio
     from nemo_vfm.io.video import read_video
 
     root = Path(root)
@@ -175,7 +184,8 @@ def iter_folder(root: str | Path, exclude: list[str | Path] = ()) -> Iterator[In
             continue
         load = (lambda p=path: read_image(p)) if is_image else (lambda p=path: read_video(p))
         yield InputItem(key=safe_key(rel), source=rel, caption=caption, load=load, is_image=is_image,
-                        clip_span=span, extra=extra, fingerprint=fingerprint)
+                        clip_span=span, extra=extra, fingerprint=fingerprint,
+                        load_audio=None if is_image else (lambda s, p=path: read_audio(p, s)))
 
 
 def _tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -241,9 +251,10 @@ def _shard_items(shard: Path, fingerprint: str) -> Iterator[InputItem]:
         except (TypeError, ValueError) as e:
             span, bad_json = None, f"bad span in the json part of {source}: {e}"
             load = _fail(bad_json)
+        load_audio = None if vid is None else (lambda s, b=parts[vid]: _read_audio(b, s))
         yield InputItem(key=safe_key(f"{shard.stem}_{key}"), source=source, caption=caption, load=load,
                         is_image=vid is None and img is not None, clip_span=span,
-                        extra=_extra_from_json(meta), fingerprint=fingerprint, error=bad_json)
+                        extra=_extra_from_json(meta), fingerprint=fingerprint, error=bad_json, load_audio=load_audio)
 
 
 def iter_inputs(path: str | Path, exclude: list[str | Path] = ()) -> Iterator[InputItem]:

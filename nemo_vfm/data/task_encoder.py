@@ -10,6 +10,12 @@ Then either
   :class:`VideoBatch`; a dataset prepared with ``image_condition=wan_i2v`` adds ``cond_latents`` (mask + image
   latents, :func:`~nemo_vfm.data.batch.wan_i2v_mask`). Packing does not carry image conditions.
 
+LTX-2 samples (``vfm prepare text_encoder=ltx2 audio_vae=...``) add ``audio_context`` (the audio stream's text, its mask
+the video text's, as ``LTX2Pipeline`` passes it) and ``audio_latents (B, Ca, La, M)``; buckets then group by the audio
+latent shape too. A sample prepared with ``missing_audio=video_only`` gets all-zero audio latents of the shape its clip
+would have, and the batch an ``audio_mask (B,)`` (False for it) that the objective masks the audio loss with. Packing
+refuses audio samples.
+
 Legend: C latent channels, t/h/w latent sizes, L text tokens, D text width.
 """
 
@@ -24,7 +30,7 @@ from megatron.energon.edataclass import edataclass
 
 from nemo_vfm.data.batch import PackedBatch, TokenSample, VideoBatch, patchify, wan_i2v_mask
 from nemo_vfm.data.packing import concat_packs, first_fit_decreasing, pack_samples, padded_length
-from nemo_vfm.data.schema import IMAGE_LATENT, decode_image_latent, decode_parts, decode_pooled_text
+from nemo_vfm.data.schema import AUDIO_LATENT, IMAGE_LATENT, decode_audio, decode_image_latent, decode_parts, decode_pooled_text
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,27 @@ class ClipSample(Sample):
     meta: dict
     cond_latents: torch.Tensor | None = None  # (tc + C, t, h, w) with image_condition=wan_i2v, else None
     pooled_text: torch.Tensor | None = None  # (Dp,) with vfm prepare clip_pooled=DIR, else None
+    audio_latent: torch.Tensor | None = None  # (Ca, La, M) with vfm prepare audio_vae=DIR (zeros if has_audio False)
+    has_audio: bool | None = None  # None: prepared without audio_vae; False: missing_audio=video_only
+    audio_text_emb: torch.Tensor | None = None  # (L, Da) with text_encoder=ltx2, else None
+
+
+def audio_latents(raw: dict, meta: dict, latent) -> tuple[torch.Tensor | None, bool | None]:
+    """``(audio latents (Ca, La, M), has_audio)`` of a sample: the stored part, an all-zero placeholder of the clip's
+    audio shape for a clip prepared with ``missing_audio=video_only`` (has_audio False), ``(None, None)`` without
+    ``audio_vae``."""
+    audio = meta.get("audio")
+    if audio is None:
+        return None, None
+    if audio.get("status") == "encoded":
+        if latent is None:
+            raise KeyError(f"sample {raw.get('__key__', '?')} says audio status 'encoded' but has no {AUDIO_LATENT} "
+                           "part; re-run vfm prepare")
+        return torch.from_numpy(latent).float(), True
+    if audio.get("status") == "missing":
+        return torch.zeros(tuple(int(v) for v in audio["latent_shape"])), False
+    raise ValueError(f"sample {raw.get('__key__', '?')} has audio status {audio.get('status')!r}, which this loader "
+                     "does not know (known: 'encoded', 'missing')")
 
 
 def image_cond_latents(raw: dict, meta: dict) -> torch.Tensor | None:
@@ -69,6 +96,8 @@ def cook_clip(raw: dict) -> ClipSample:
     latent, emb, mask, meta = decode_parts(raw)
     cond = image_cond_latents(raw, meta)
     pooled = decode_pooled_text(raw)
+    audio_part, audio_text = decode_audio(raw)
+    audio, has_audio = audio_latents(raw, meta, audio_part)
     sources = raw.get("__sources__") or ()
     if sources:  # which prepared folder (of a blend) the sample came from
         meta = {**meta, "dataset": str(sources[0].dataset_path)}
@@ -77,7 +106,8 @@ def cook_clip(raw: dict) -> ClipSample:
         __sources__=raw.get("__sources__"), latent=torch.from_numpy(latent).float(),
         text_emb=torch.from_numpy(emb).float(), text_mask=torch.from_numpy(mask).bool(),
         fps=float(meta.get("fps", 0.0)), meta=meta, cond_latents=cond,
-        pooled_text=None if pooled is None else torch.from_numpy(pooled).float(),
+        pooled_text=None if pooled is None else torch.from_numpy(pooled).float(), audio_latent=audio,
+        has_audio=has_audio, audio_text_emb=None if audio_text is None else torch.from_numpy(audio_text).float(),
     )
 
 
@@ -128,6 +158,9 @@ class VideoTaskEncoder(DefaultTaskEncoder):
         if sample.pooled_text is not None:
             raise NotImplementedError(f"sample {sample.__key__} carries a pooled text embedding (pooled_text.npy), "
                                       "which packed batches do not carry; set data.max_seq_length=None (buckets)")
+        if sample.audio_latent is not None or sample.audio_text_emb is not None:
+            raise NotImplementedError(f"sample {sample.__key__} carries LTX-2 audio latents or audio text, which "
+                                      "packed batches do not carry; set data.max_seq_length=None (buckets)")
         tokens, pos = patchify(sample.latent, self.patch_size)
         return TokenSample(key=sample.__key__, tokens=tokens, pos_ids=pos, loss_mask=torch.ones(tokens.shape[0]),
                            text=real_text(sample.text_emb, sample.text_mask),
@@ -152,10 +185,12 @@ class VideoTaskEncoder(DefaultTaskEncoder):
 
     # ---- batching ---------------------------------------------------------------------------------------
     def batch_group_criterion(self, sample):
-        """Buckets (no packing): one bucket per latent shape ``(C, t, h, w)``; images land in t=1 buckets."""
+        """Buckets (no packing): one bucket per latent shape ``(C, t, h, w)`` (and audio latent shape, if any);
+        images land in t=1 buckets."""
         if isinstance(sample, PackedBatch):
             return "packed", None
-        return tuple(sample.latent.shape), None
+        audio = None if sample.audio_latent is None else tuple(sample.audio_latent.shape)
+        return (tuple(sample.latent.shape), audio), None
 
     @stateless
     def batch(self, samples):
@@ -191,4 +226,26 @@ def stack_bucket(samples: list[ClipSample]) -> VideoBatch:
     pooled = torch.stack([s.pooled_text for s in samples]) if all(has_pooled) else None
     return VideoBatch(latents=torch.stack([s.latent for s in samples]), context=text, context_mask=mask[:, :n],
                       fps=torch.tensor([s.fps for s in samples]), sample_keys=[s.__key__ for s in samples],
-                      meta=[s.meta for s in samples], cond_latents=cond, pooled_context=pooled)
+                      meta=[s.meta for s in samples], cond_latents=cond, pooled_context=pooled,
+                      **_stack_audio(samples, mask, n))
+
+
+def _stack_audio(samples: list[ClipSample], mask: torch.Tensor, n: int) -> dict:
+    """``audio_context`` / ``audio_context_mask`` (the video text's mask) and ``audio_latents``, plus ``audio_mask``
+    when some samples have no audio (``missing_audio=video_only``)."""
+    out = {}
+    for name, values in (("audio text (text_encoder=ltx2)", [s.audio_text_emb for s in samples]),
+                         ("audio latents (audio_vae=)", [s.audio_latent for s in samples])):
+        have = [v is not None for v in values]
+        if any(have) and not all(have):
+            raise ValueError(f"a batch mixes samples with {name} ({samples[have.index(True)].__key__}) and without "
+                             f"({samples[have.index(False)].__key__}); prepare every dataset of the blend the same way")
+    if samples[0].audio_text_emb is not None:
+        text = torch.stack([torch.where(s.text_mask[:, None], s.audio_text_emb, 0.0) for s in samples])[:, :n]
+        out.update(audio_context=text, audio_context_mask=mask[:, :n])
+    if samples[0].audio_latent is not None:
+        out["audio_latents"] = torch.stack([s.audio_latent for s in samples])
+        has = torch.tensor([bool(s.has_audio) for s in samples])
+        if not bool(has.all()):
+            out["audio_mask"] = has
+    return out

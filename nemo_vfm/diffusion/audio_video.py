@@ -12,6 +12,11 @@ the objective takes them out, noises them and hands the network ``audio=``. ``vi
 stream alone: the audio keys are dropped and the network runs without its audio stream. IC-LoRA: a batch's
 ``reference_latents`` pass to the network as they are (clean reference tokens; the loss covers the target video). The loss weights are
 this objective's settings (1.0 and 1.0 by default), not values read from the LTX-2 release's trainer.
+
+A per-sample ``audio_mask (B,)`` bool in the conditioning dict (the Energon loader adds it when some samples of a batch
+were prepared with ``missing_audio=video_only``) masks the audio loss: ``mse_audio`` is the mean over the samples with
+audio of each sample's mean squared error (0 when none has audio). Such a sample's audio latents are a zero
+placeholder: the audio stream still runs on it (every sample of a batch takes the same path), only its loss is dropped.
 """
 
 from dataclasses import dataclass
@@ -21,7 +26,7 @@ import torch
 
 from nemo_vfm.diffusion.flow_matching import FlowMatching
 
-AUDIO_KEYS = ("audio_latents", "audio_context", "audio_context_mask")
+AUDIO_KEYS = ("audio_latents", "audio_context", "audio_context_mask", "audio_mask")
 
 
 @dataclass(kw_only=True)
@@ -42,6 +47,7 @@ class AudioVideoFlowMatching(FlowMatching):
         """``x0 (B, C, T, H, W)`` video latents; ``cond`` with ``audio_latents`` unless ``video_only``."""
         cond = dict(cond)
         a0 = cond.pop("audio_latents", None)
+        audio_mask = cond.pop("audio_mask", None)
         if self.video_only:
             for k in AUDIO_KEYS:
                 cond.pop(k, None)
@@ -57,7 +63,12 @@ class AudioVideoFlowMatching(FlowMatching):
         a_t = (1 - tb) * a0 + tb * noise
         v, u = net(inp.x, inp.timesteps, audio=a_t, audio_timesteps=inp.timesteps, **cond)
         loss_v, logs = self.loss_from_output(v, inp, loss_mask)
-        loss_a = ((u.float() - (noise - a0).float()) ** 2).mean()
+        per_sample = ((u.float() - (noise - a0).float()) ** 2).flatten(1).mean(1)  # (B,)
+        if audio_mask is None:
+            loss_a = per_sample.mean()
+        else:
+            keep = audio_mask.to(device=per_sample.device, dtype=per_sample.dtype).view(-1)
+            loss_a = (per_sample * keep).sum() / keep.sum().clamp_min(1.0)
         return self.video_weight * loss_v + self.audio_weight * loss_a, {**logs, "mse_audio": loss_a.detach()}
 
     def micro_batch_loss(self, *args, **kwargs):

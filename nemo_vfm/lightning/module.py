@@ -29,9 +29,9 @@ OPTIMIZERS = ("adamw", "adamw8bit")
 TORCHAO_MISSING = "OptimConfig.name='adamw8bit' needs torchao: pip install 'nemo-vfm[fp8]' (or set optim.name='adamw')"
 # image_embeds, cond_latents: Wan I2V; audio_*: a second (audio) stream's latents and text (LTX-2, taken by
 # nemo_vfm.diffusion.audio_video.AudioVideoFlowMatching); reference_latents: LTX-2 IC-LoRA reference videos;
-# pooled_context: a pooled text embedding (CLIP: Kandinsky 6)
+# pooled_context: a pooled text embedding (CLIP: Kandinsky 6); audio_mask (B,): which samples have audio (LTX-2)
 COND_KEYS = ("context", "context_mask", "class_labels", "fps", "image_embeds", "cond_latents", "audio_latents",
-             "audio_context", "audio_context_mask", "reference_latents", "pooled_context")
+             "audio_context", "audio_context_mask", "reference_latents", "pooled_context", "audio_mask")
 
 
 @dataclass(kw_only=True)

@@ -7,6 +7,7 @@ either the VAE's own folder (with ``config.json``) or a pipeline folder with a `
     >>> z = tok.encode(video)          # (B, 16, 1 + (T-1)/4, H/8, W/8), normalized with latents_mean/std
     >>> tok = DiffusersVideoVAE.from_pretrained("wan2_2", "/models/Wan2.2-TI2V-5B-Diffusers")
     >>> z = tok.encode(video)          # (B, 48, 1 + (T-1)/4, H/16, W/16): the Wan 2.2 VAE (residual, 2x2 patches)
+    >>> tok = DiffusersVideoVAE.from_pretrained("ltx2", "/models/LTX-2")   # (B, 128, 1 + (T-1)/8, H/32, W/32)
 
 Each family's compression and latent normalization come from its config (:data:`FAMILIES`).
 Legend: B batch, T/H/W pixel frames/height/width, t/h/w latent ones, c latent channels.
@@ -58,6 +59,11 @@ def _cosmos_stats(vae):
     return torch.tensor(cfg.latents_mean), torch.tensor(cfg.latents_std)  # (c*t,): per channel and frame
 
 
+def _ltx2_stats(vae):
+    """diffusers ``LTX2Pipeline._normalize_latents``: ``(z - latents_mean) * scaling_factor / latents_std``."""
+    return vae.latents_mean.detach().float().cpu(), vae.latents_std.detach().float().cpu() / vae.config.scaling_factor
+
+
 def _scaling_stats(vae):
     return None, torch.full((vae.config.latent_channels,), 1.0 / vae.config.scaling_factor)
 
@@ -74,6 +80,9 @@ FAMILIES: dict[str, VAEFamily] = {
     "cogvideox": VAEFamily("AutoencoderKLCogVideoX",
                            lambda v: (int(v.config.temporal_compression_ratio), 2 ** (len(v.config.block_out_channels) - 1),
                                       v.config.latent_channels), _scaling_stats),
+    "ltx2": VAEFamily("AutoencoderKLLTX2Video",  # LTX-2 (128 channels, 8x32x32)
+                      lambda v: (v.temporal_compression_ratio, v.spatial_compression_ratio, v.config.latent_channels),
+                      _ltx2_stats),
 }
 
 

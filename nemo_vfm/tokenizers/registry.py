@@ -6,6 +6,7 @@
     >>> build_tokenizer("wan2_2", path="/models/Wan2.2-TI2V-5B-Diffusers")          # 48 channels, 4x16x16
     >>> build_tokenizer("cosmos_jit", path="/models/Cosmos-0.1-Tokenizer-CV8x8x8", tiling={"tile_size": 512})
     >>> build_text_encoder("t5", path="/models/t5-v1_1-xxl", cache_dir="cache/t5")
+    >>> build_tokenizer("ltx2", path="/models/LTX-2"); build_text_encoder("ltx2", path="/models/LTX-2")
 
 Command lines pass one string: ``tokenizer_from_spec("wan:path=/models/wan,dtype=bf16")``
 (``NAME`` or ``NAME:key=value,key=value``; values are read as int, float, true/false/none or text).
@@ -78,6 +79,7 @@ TOKENIZERS: dict[str, Callable[..., VideoTokenizer]] = {
     "wan2_2": _diffusers("wan2_2"),
     "hunyuan": _diffusers("hunyuan"),
     "cogvideox": _diffusers("cogvideox"),
+    "ltx2": _diffusers("ltx2"),  # LTX-2 video VAE (128 channels, 8x32x32), normalised as LTX2Pipeline
     "hunyuanvideo1_5": _hunyuanvideo1_5,  # HunyuanVideo 1.5 (32 channels, 4x16x16)
     "cosmos_jit": _cosmos_jit,
 }
@@ -100,8 +102,16 @@ def _t5(variant: str):
     return build
 
 
+def _ltx2(path: str, max_length: int = 1024, device: str = "cpu", dtype: str | None = None):
+    """LTX-2: Gemma 3 + the pipeline folder's connectors (video text; the audio text via ``encode_streams``)."""
+    from nemo_vfm.tokenizers.ltx2 import LTX2TextEncoder
+
+    return LTX2TextEncoder(path, max_length=max_length, device=device, dtype=dtype)
+
+
 TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {"hash": _hash, "t5": _t5("t5"), "umt5": _t5("umt5"),
-                                                      "qwen2_5_vl": _qwen2_5_vl}  # Cosmos-Predict2.5
+                                                      "qwen2_5_vl": _qwen2_5_vl,  # Cosmos-Predict2.5
+                                                      "ltx2": _ltx2}
 
 
 def _call(kind: str, registry: dict, name: str, kwargs: dict):
