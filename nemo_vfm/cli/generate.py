@@ -273,7 +273,7 @@ def _run(args) -> int:
         if not hasattr(info.objective, "shift"):
             raise ValueError("--flow-shift applies to flow-matching checkpoints; drop it")
         info.objective = dataclasses.replace(info.objective, shift=args.flow_shift)
-    cfg = sampling_config(args, gen, info.objective, info.path)
+    cfg = sampling_config(args, gen, info.objective, info.path, **family.sampling_defaults)
     sampler = cfg.sampler
     started = dist.is_initialized()
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
@@ -317,7 +317,7 @@ def _run(args) -> int:
         written, totals = [], {}
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
-            videos, times = sample(batch)
+            videos, times, *audio = sample(batch)  # a sampler with sound returns (waveforms, sample rate) too
             for k, v in times.items():
                 totals[k] = totals.get(k, 0.0) + v
             if rank == 0:
@@ -326,11 +326,11 @@ def _run(args) -> int:
                                      f"{args.guidance}); nothing was written; try another checkpoint or sampler")
                 upscale = args.upscale or max(1, 256 // max(videos.shape[-2:]))
                 written += write_videos(videos, out / f"batch{i // args.batch_size:03d}", fps=fps, upscale=upscale,
-                                        captions=batch, gif=args.gif)
+                                        captions=batch, gif=args.gif, audio=audio[0] if audio else None)
                 tqdm.write("  " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in times.items()))
         if rank == 0:
             split = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in totals.items())
-            print(f"wrote {len([w for w in written if w.suffix == '.mp4'])} video grid(s) to {out} "
+            print(f"wrote {len([w for w in written if w.suffix == '.mp4'])} video file(s) to {out} "
                   f"(checkpoint step {engine.step}); time per stage: {split}")
     finally:
         if dist.is_initialized() and not started:

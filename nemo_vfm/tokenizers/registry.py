@@ -24,6 +24,7 @@ import torch
 
 from nemo_vfm.tokenizers.base import TextEncoder, VideoTokenizer
 from nemo_vfm.tokenizers.hunyuan_vae import build as _hunyuanvideo1_5
+from nemo_vfm.tokenizers.ltx2_text import build as _ltx2_gemma
 from nemo_vfm.tokenizers.qwen_vl import build as _qwen2_5_vl
 
 
@@ -78,6 +79,7 @@ TOKENIZERS: dict[str, Callable[..., VideoTokenizer]] = {
     "wan2_2": _diffusers("wan2_2"),
     "hunyuan": _diffusers("hunyuan"),
     "cogvideox": _diffusers("cogvideox"),
+    "ltx2": _diffusers("ltx2"),  # LTX-2's video VAE (128 channels, 8x32x32)
     "hunyuanvideo1_5": _hunyuanvideo1_5,  # HunyuanVideo 1.5 (32 channels, 4x16x16)
     "cosmos_jit": _cosmos_jit,
 }
@@ -101,7 +103,8 @@ def _t5(variant: str):
 
 
 TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {"hash": _hash, "t5": _t5("t5"), "umt5": _t5("umt5"),
-                                                      "qwen2_5_vl": _qwen2_5_vl}  # Cosmos-Predict2.5
+                                                      "qwen2_5_vl": _qwen2_5_vl,  # Cosmos-Predict2.5
+                                                      "ltx2_gemma": _ltx2_gemma}  # LTX-2: Gemma 3 + connectors
 
 
 def _call(kind: str, registry: dict, name: str, kwargs: dict):
