@@ -19,18 +19,20 @@ The initial noise is ``torch.randn`` on a CPU generator seeded with ``--seed``: 
 first, then the audio's ``(N, Ca, La, M)`` (:func:`initial_noise`), both in the normalized latent space the
 network sees (give diffusers the same noise denormalized, as ``latents=`` / ``audio_latents=``).
 
+Under torchrun with ``--cp N`` every rank runs the same loop on the same noise while the network splits the video
+tokens over the CP ranks (the audio stream is replicated), rank 0 encodes the text and decodes.
+
 Deviation: STG runs only when the folder's transformer is built with ``perturbed_attn`` (LTX-2.3 folders); without
 it diffusers' STG pass is the plain conditional pass (its delta is zero), so it is skipped here.
-Not built (they raise saying so): image to video, several processes (torchrun), other schedulers.
+Not built (they raise saying so): image to video, ``--cfg-parallel`` (``--tp`` is refused by the family's layout
+check: sequence parallelism), other samplers and schedulers, vocoders other than ``LTX2Vocoder``.
 
 Legend: N prompts, C / Ca latent channels, (t, h, w) video latent size, La audio latent frames, M latent mel bins.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,12 +86,6 @@ class LTX2Audio:
     def sample_rate(self) -> int:
         return int(self.vocoder.config.output_sampling_rate)
 
-    def latent_shape(self, frames: int, fps: float) -> tuple[int, int, int]:
-        """``(Ca, La, M)`` for a ``frames``-long video at ``fps``, as the pipeline computes it from the duration."""
-        c = self.vae.config
-        per_second = c.sample_rate / c.mel_hop_length / float(self.vae.temporal_compression_ratio)
-        return c.latent_channels, round(frames / fps * per_second), c.mel_bins // self.vae.mel_compression_ratio
-
     def _stats(self, z: torch.Tensor):
         ca, m = z.shape[1], z.shape[3]  # the buffers are per packed feature (Ca M)
         mean, std = (b.to(z.device, z.dtype).reshape(ca, m)[None, :, None] for b in (self.vae.latents_mean,
@@ -107,6 +103,16 @@ class LTX2Audio:
 
 def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def audio_latent_shape(root: str | Path, frames: int, fps: float) -> tuple[int, int, int]:
+    """``(Ca, La, M)`` of the folder's audio latents for a ``frames``-long video at ``fps``, as the pipeline computes
+    it from the duration (the audio VAE's config; it compresses time and mel bins by 4)."""
+    from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR as k
+
+    c = _json(Path(root) / "audio_vae" / "config.json")
+    per_second = c.get("sample_rate", 16000) / c.get("mel_hop_length", 160) / float(k)
+    return c.get("latent_channels", 8), round(frames / fps * per_second), (c.get("mel_bins") or 64) // k
 
 
 def _check_scheduler(root: Path) -> None:
@@ -153,9 +159,6 @@ def _check(info) -> None:
         raise ValueError(f"{info.path} has no {', '.join(f'{d}/' for d in missing)}: vfm generate samples LTX-2 from "
                          "a whole LTX2Pipeline folder (transformer, vae, audio_vae, vocoder, text_encoder, tokenizer, "
                          "connectors, scheduler); copy the pipeline's other folders beside this transformer")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise NotImplementedError("multi-GPU LTX-2 generation is not built yet; run vfm generate for LTX-2 as one "
-                                  "process (without torchrun)")
     _check_scheduler(Path(info.path))
 
 
@@ -248,12 +251,14 @@ def denoise_ltx2(net, cond: dict, uncond: dict | None, x: torch.Tensor, a: torch
 
 
 @torch.no_grad()
-def generate_ltx2(engine, audio: LTX2Audio, prompts: list[str], frames: int, height: int, width: int, sampling,
+def generate_ltx2(engine, audio: LTX2Audio | None, prompts: list[str], frames: int, height: int, width: int, sampling,
                   guidance: LTX2Guidance | None = None, fps: float = FPS, stg: bool = True, progress: bool = False,
                   decode: bool = True) -> tuple[dict, dict]:
     """Prompts -> ``{"videos": (N, 3, T, H, W) in [-1, 1], "waveforms": (N, channels, samples)}`` (with
     ``decode=False``: ``{"latents", "audio_latents"}``, normalized) and seconds per stage. ``sampling``: its
-    ``num_steps`` and ``seed``; the guidance is ``guidance`` (default :class:`LTX2Guidance`). Single process."""
+    ``num_steps`` and ``seed``; the guidance is ``guidance`` (default :class:`LTX2Guidance`). Under several
+    processes every rank runs the same loop on the same noise (the network splits the video tokens over its CP / TP
+    ranks, the text comes from rank 0); the decoded outputs are rank 0's (``None`` elsewhere)."""
     import math
     import time
 
@@ -261,7 +266,7 @@ def generate_ltx2(engine, audio: LTX2Audio, prompts: list[str], frames: int, hei
     tok, net = engine.tokenizer, engine.net
     thw = tok.latent_shape(frames, height, width)
     video_shape = (tok.latent_channels, *thw)
-    audio_shape = audio.latent_shape(frames, fps)
+    audio_shape = audio_latent_shape(engine.generation["tokenizer"]["kwargs"]["path"], frames, fps)
     t0 = time.perf_counter()
     cond, uncond = encode_prompts(engine, prompts, guided=guidance.video_cfg > 1 or guidance.audio_cfg > 1)
     t1 = time.perf_counter()
@@ -273,7 +278,7 @@ def generate_ltx2(engine, audio: LTX2Audio, prompts: list[str], frames: int, hei
     times = {"text_encode_s": t1 - t0, "denoise_s": t2 - t1}
     if not decode:
         return {"latents": x, "audio_latents": a}, times
-    out = {"videos": tok.decode(x).float().clamp(-1, 1).cpu(), "waveforms": audio.decode(a).cpu()}
+    out = {"videos": engine.decode(x), "waveforms": audio.decode(a).cpu() if engine.rank == 0 else None}
     times["decode_s"] = time.perf_counter() - t2
     return out, times
 
@@ -286,7 +291,10 @@ def _sampler(ctx):
                          "(flow-euler); drop --sampler")
     if ctx.args.flow_shift is not None:
         raise ValueError("--flow-shift: LTX-2 shifts its sigmas with the scheduler's dynamic shift; drop --flow-shift")
-    audio = LTX2Audio.load(root, ctx.device)
+    if ctx.layout.cfg_parallel:
+        raise NotImplementedError("--cfg-parallel is not built for LTX-2 (its guidance runs up to four passes per "
+                                  "step); drop it: --cp / --tp split the network over the GPUs instead")
+    audio = LTX2Audio.load(root, ctx.device) if ctx.rank == 0 else None  # decodes on rank 0
     stg = bool(_json(Path(root) / "transformer" / "config.json").get("perturbed_attn", False))
     guidance = LTX2Guidance(video_cfg=ctx.sampling.guidance)
     fps = ctx.info.generation.get("fps") or FPS
@@ -294,7 +302,7 @@ def _sampler(ctx):
     def sample(batch: list[str]):
         out, times = generate_ltx2(ctx.engine, audio, batch, ctx.frames, ctx.height, ctx.width, ctx.sampling,
                                    guidance, fps, stg, progress=True)
-        return out["videos"], times, (out["waveforms"], audio.sample_rate)
+        return out["videos"], times, (out["waveforms"], audio.sample_rate if audio is not None else None)
 
     return sample
 

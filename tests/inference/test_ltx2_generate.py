@@ -2,7 +2,8 @@
 connectors, video and audio VAEs, vocoder, written here), ``generate_ltx2`` gives the pipeline's video latents,
 audio latents, frames and waveform for the same noise at the pipeline's default guidance (CFG, STG, modality
 isolation, rescale), with the STG pass (``perturbed_attn=True``) and without it; ``vfm generate`` writes an mp4 with
-an audio track and a wav; sizes the VAE cannot take and torchrun are refused before loading, naming the fix."""
+an audio track and a wav; sizes the VAE cannot take are refused before loading, and other samplers, naming the
+fix."""
 
 import pytest
 import torch
@@ -116,7 +117,7 @@ def test_generation_matches_the_pipeline(pipe_and_folder, perturbed):
     from diffusers import LTX2Pipeline, LTX2VideoTransformer3DModel
 
     from nemo_vfm.inference.generate import SamplingConfig
-    from nemo_vfm.inference.ltx2 import LTX2Guidance, generate_ltx2, initial_noise
+    from nemo_vfm.inference.ltx2 import LTX2Guidance, audio_latent_shape, generate_ltx2, initial_noise
 
     pipe, root = pipe_and_folder
     if not perturbed:  # an LTX-2.0 transformer: diffusers' STG pass is the plain pass, ours is skipped
@@ -130,7 +131,7 @@ def test_generation_matches_the_pipeline(pipe_and_folder, perturbed):
     args = (engine, audio, [PROMPT], FRAMES, SIZE, SIZE, sampling, guidance)
     lat, _ = generate_ltx2(*args, stg=perturbed, decode=False)
     out, _ = generate_ltx2(*args, stg=perturbed)
-    noise_v, noise_a = initial_noise(1, (8, 2, 2, 2), audio.latent_shape(FRAMES, 24.0), seed=7)
+    noise_v, noise_a = initial_noise(1, (8, 2, 2, 2), audio_latent_shape(root, FRAMES, 24.0), seed=7)
     v, a = _pipeline_noise(pipe, noise_v, noise_a)
     kw = dict(num_frames=FRAMES, height=SIZE, width=SIZE, num_inference_steps=3, spatio_temporal_guidance_blocks=[1],
               return_dict=False)
@@ -164,9 +165,9 @@ def test_vfm_generate_writes_video_with_sound(pipe_and_folder, tmp_path):
 @pytest.mark.parametrize("flags, env, message", [
     (["--height", "48"], {}, "multiples of 32"),
     (["--frames", "10"], {}, "1 + 8*k"),
-    ([], {"WORLD_SIZE": "2"}, "multi-GPU LTX-2 generation is not built yet"),
+    (["--sampler", "unipc"], {}, "LTX-2 samples with its pipeline's Euler steps"),
 ])
-def test_what_is_not_built_is_refused_before_loading(pipe_and_folder, tmp_path, capsys, monkeypatch, flags, env,
+def test_what_is_not_built_is_refused(pipe_and_folder, tmp_path, capsys, monkeypatch, flags, env,
                                                      message):
     from nemo_vfm.cli.main import main
 
