@@ -16,6 +16,8 @@
     vfm generate --ckpt /models/Cosmos-Predict2.5-2B --prompt "..." --video clip.mp4 [--cond-frames 1] --guidance 8
     # HunyuanVideo 1.5 pipeline folders: T2V, or I2V folders with --image (the release's guidance is 6)
     vfm generate --ckpt /models/HunyuanVideo-1.5-480p_t2v --prompt 'a shop sign that says "OPEN"' --guidance 6
+    # LTX-2 pipeline folders: video with sound (an mp4 with an audio track and a wav per prompt)
+    vfm generate --ckpt /models/LTX-2 --prompt "a drummer on a rooftop at dusk"
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
@@ -33,9 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; a distilled student: its own)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders: 30; a distilled "
+                                                            "student: its own)")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 5; "
-                                                                "a distilled student: 1)")
+                                                                "LTX-2 folders: the video's, default 3, the audio's "
+                                                                "stays 7; a distilled student: 1)")
     p.add_argument("--guidance-2", type=float, default=None, help="Wan 2.2 A14B: the low-noise expert's guidance "
                                                                    "scale (default: --guidance)")
     p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler", "unipc"),

@@ -63,7 +63,7 @@ class LTX2Guidance:
 
 @dataclass
 class LTX2Audio:
-    """The folder's audio decoder: its audio VAE and vocoder, and the audio latent layout they give."""
+    """The folder's audio decoder: its audio VAE (with the latents' statistics) and vocoder."""
 
     vae: torch.nn.Module
     vocoder: torch.nn.Module
@@ -118,10 +118,11 @@ def audio_latent_shape(root: str | Path, frames: int, fps: float) -> tuple[int, 
 def _check_scheduler(root: Path) -> None:
     sched = _json(root / "scheduler" / "scheduler_config.json")
     name = sched.get("_class_name", "FlowMatchEulerDiscreteScheduler")
-    if name != "FlowMatchEulerDiscreteScheduler" or sched.get("stochastic_sampling"):
-        raise NotImplementedError(f"{root}/scheduler is a {name}{' with stochastic_sampling' * bool(sched.get('stochastic_sampling'))}; "
-                                  "vfm generate samples LTX-2 with FlowMatchEulerDiscreteScheduler's deterministic "
-                                  "steps only: use diffusers' LTX2Pipeline for this folder")
+    stochastic = bool(sched.get("stochastic_sampling"))
+    if name != "FlowMatchEulerDiscreteScheduler" or stochastic:
+        raise NotImplementedError(f"{root}/scheduler is a {name}{' with stochastic_sampling' * stochastic}; vfm "
+                                  "generate samples LTX-2 with FlowMatchEulerDiscreteScheduler's deterministic steps "
+                                  "only: use diffusers' LTX2Pipeline for this folder")
 
 
 def ltx2_checkpoint_info(path: str | Path):
@@ -138,7 +139,7 @@ def ltx2_checkpoint_info(path: str | Path):
     if audio_vae and "audio_mel_bins" not in _json(root / "transformer" / "config.json"):
         from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR
 
-        overrides["audio_mel_bins"] = audio_vae.get("mel_bins", 64) // LATENT_DOWNSAMPLE_FACTOR  # the latents' M
+        overrides["audio_mel_bins"] = (audio_vae.get("mel_bins") or 64) // LATENT_DOWNSAMPLE_FACTOR  # the latents' M
     cfg = read_config(root, pretrained=str(root), cross_timestep=True, **overrides)
     gen = {}
     if all((root / d).is_dir() for d in _PARTS):
