@@ -2,8 +2,8 @@
 connectors, video and audio VAEs, vocoder, written here), ``generate_ltx2`` gives the pipeline's video latents,
 audio latents, frames and waveform for the same noise at the pipeline's default guidance (CFG, STG, modality
 isolation, rescale), with the STG pass (``perturbed_attn=True``) and without it; ``vfm generate`` writes an mp4 with
-an audio track and a wav; sizes the VAE cannot take are refused before loading, and other samplers, naming the
-fix."""
+an audio track and a wav; sizes the VAE cannot take and image-to-video are refused before loading, other samplers
+too, each naming the fix."""
 
 import pytest
 import torch
@@ -162,17 +162,15 @@ def test_vfm_generate_writes_video_with_sound(pipe_and_folder, tmp_path):
         assert c.streams.audio[0].rate == 16000
 
 
-@pytest.mark.parametrize("flags, env, message", [
-    (["--height", "48"], {}, "multiples of 32"),
-    (["--frames", "10"], {}, "1 + 8*k"),
-    (["--sampler", "unipc"], {}, "LTX-2 samples with its pipeline's Euler steps"),
+@pytest.mark.parametrize("flags, message", [
+    (["--height", "48"], "multiples of 32"),
+    (["--frames", "10"], "1 + 8*k"),
+    (["--sampler", "unipc"], "LTX-2 samples with its pipeline's Euler steps"),
+    (["--image", "first.png"], "--image is for image-to-video models"),
 ])
-def test_what_is_not_built_is_refused(pipe_and_folder, tmp_path, capsys, monkeypatch, flags, env,
-                                                     message):
+def test_what_is_not_built_is_refused(pipe_and_folder, tmp_path, capsys, flags, message):
     from nemo_vfm.cli.main import main
 
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
     base = ["generate", "--ckpt", str(pipe_and_folder[1]), "--prompt", PROMPT, "--device", "cpu", "--out",
             str(tmp_path), "--frames", str(FRAMES), "--height", str(SIZE), "--width", str(SIZE)]
     assert main(base + flags) == 2
