@@ -16,8 +16,8 @@
     vfm generate --ckpt /models/Cosmos-Predict2.5-2B --prompt "..." --video clip.mp4 [--cond-frames 1] --guidance 8
     # HunyuanVideo 1.5 pipeline folders: T2V, or I2V folders with --image (the release's guidance is 6)
     vfm generate --ckpt /models/HunyuanVideo-1.5-480p_t2v --prompt 'a shop sign that says "OPEN"' --guidance 6
-    # LTX-2 pipeline folders: video with sound (an mp4 with an audio track and a wav per prompt)
-    vfm generate --ckpt /models/LTX-2 --prompt "a drummer on a rooftop at dusk"
+    # LTX-2 pipeline folders: video with sound (an mp4 with an audio track and a wav per prompt), optionally from an image
+    vfm generate --ckpt /models/LTX-2 --prompt "a drummer on a rooftop at dusk" [--image first.png]
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
@@ -73,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on for Wan checkpoints on CUDA, off otherwise)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
-    p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V "
-                                   "and Cosmos folders): the first frame")
+    p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V, "
+                                   "Cosmos and LTX-2 folders): the first frame")
     p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
                                    "generation size)")
     p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "
@@ -257,7 +257,7 @@ def _run(args) -> int:
     if (takes_image == "required" and not args.image) or (args.image and takes_image == "none"):
         raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if takes_image == "required" else
                          "--image is for image-to-video models (Wan and HunyuanVideo I2V folders, Wan 2.2 TI2V, "
-                         "Cosmos); drop it")
+                         "Cosmos, LTX-2); drop it")
     if video and not family.video:
         raise ValueError("--video is Cosmos-Predict2.5 Video2World (a Cosmos pipeline folder as --ckpt); drop it")
     if video and args.image:

@@ -1,4 +1,4 @@
-"""Sampling from LTX-2 pipeline folders with ``vfm generate --ckpt LTX2_FOLDER`` (text to video + audio).
+"""Sampling from LTX-2 pipeline folders with ``vfm generate --ckpt LTX2_FOLDER`` (text or image to video, with sound).
 
 An *LTX-2 folder* is a diffusers ``LTX2Pipeline`` folder: ``transformer/``, ``vae/`` (``AutoencoderKLLTX2Video``),
 ``audio_vae/`` (``AutoencoderKLLTX2Audio``), ``vocoder/`` (``LTX2Vocoder``), ``text_encoder/`` + ``tokenizer/``
@@ -19,12 +19,15 @@ The initial noise is ``torch.randn`` on a CPU generator seeded with ``--seed``: 
 first, then the audio's ``(N, Ca, La, M)`` (:func:`initial_noise`), both in the normalized latent space the
 network sees (give diffusers the same noise denormalized, as ``latents=`` / ``audio_latents=``).
 
+Image to video (``--image FIRST_FRAME``): as ``LTX2ImageToVideoPipeline``, the image (re-compressed as one H.264
+frame at CRF 33, resized, encoded: :func:`image_latents`) is the clean first latent frame, seen at time 0 and kept.
+
 Under torchrun with ``--cp N`` every rank runs the same loop on the same noise while the network splits the video
 tokens over the CP ranks (the audio stream is replicated), rank 0 encodes the text and decodes.
 
 Deviation: STG runs only when the folder's transformer is built with ``perturbed_attn`` (LTX-2.3 folders); without
 it diffusers' STG pass is the plain conditional pass (its delta is zero), so it is skipped here.
-Not built (they raise saying so): image to video, ``--cfg-parallel`` (``--tp`` is refused by the family's layout
+Not built (they raise saying so): ``--cfg-parallel`` (``--tp`` is refused by the family's layout
 check: sequence parallelism), other samplers and schedulers, vocoders other than ``LTX2Vocoder``.
 
 Legend: N prompts, C / Ca latent channels, (t, h, w) video latent size, La audio latent frames, M latent mel bins.
@@ -209,57 +212,74 @@ def encode_prompts(engine, prompts: list[str], guided: bool) -> tuple[dict, dict
     return cond, ({k: v[n:] for k, v in tensors.items()} if guided else None)
 
 
-def _x0(net, x, a, sigma, cond, fps, dtype, **flags):
-    """One network pass -> the x0 estimates ``(x - v sigma, a - v_a sigma)`` in float32."""
+def _x0(net, x, a, sigma, cond, fps, dtype, noisy=None, **flags):
+    """One network pass -> the x0 estimates ``(x - v sigma, a - v_a sigma)`` in float32. ``noisy (S,)``: 0 for the
+    video tokens that are clean (image to video: the first latent frame, at time 0), 1 elsewhere."""
     n = x.shape[0]
     t = sigma.expand(n).to(x.device)
-    v, va = net(x.to(dtype), t, cond["context"].to(dtype), cond["context_mask"], audio=a.to(dtype),
+    tv = t if noisy is None else t[:, None] * noisy  # the pipeline's timestep * (1 - conditioning_mask)
+    v, va = net(x.to(dtype), tv, cond["context"].to(dtype), cond["context_mask"], audio=a.to(dtype), audio_timesteps=t,
                 audio_context=cond["audio_context"].to(dtype), audio_context_mask=cond["audio_context_mask"], fps=fps,
-                **flags)
+                sigma=t, **flags)
     return x - v.float() * sigma, a - va.float() * sigma
 
 
 @torch.no_grad()
 def denoise_ltx2(net, cond: dict, uncond: dict | None, x: torch.Tensor, a: torch.Tensor, sigmas: torch.Tensor,
-                 guidance: LTX2Guidance, fps: float, stg: bool = True, dtype=None, progress: bool = False):
+                 guidance: LTX2Guidance, fps: float, stg: bool = True, dtype=None, progress: bool = False,
+                 first_frame_clean: bool = False):
     """Euler on ``sigmas`` from the noise ``x (N, C, t, h, w)``, ``a (N, Ca, La, M)`` with LTX2Pipeline's guidance in
-    x0 space; ``stg``: run the STG pass (the transformer has perturbed attention). -> the final latents (float32)."""
+    x0 space; ``stg``: run the STG pass (the transformer has perturbed attention); ``first_frame_clean``: image to
+    video (LTX2ImageToVideoPipeline): ``x``'s first latent frame is the image's, kept and seen at time 0.
+    -> the final latents (float32)."""
     from tqdm.auto import tqdm
 
     g = guidance
     dtype = dtype or next(net.parameters()).dtype
+    noisy = None
+    if first_frame_clean:
+        if tuple(net.cfg.patch_size) != (1, 1, 1):
+            raise NotImplementedError(f"LTX-2 image to video needs patch_size (1, 1, 1) (the pipeline's conditioning "
+                                      f"mask is per latent pixel), got {net.cfg.patch_size}")
+        noisy = torch.ones(x.shape[2:], device=x.device)
+        noisy[0] = 0
+        noisy = noisy.flatten()  # (S,): t-major, as the network packs tokens
     both = {k: torch.cat([cond[k], uncond[k]]) for k in cond} if uncond is not None else None
     n, sigmas = x.shape[0], sigmas.to(x.device)
     for i in tqdm(range(len(sigmas) - 1), desc="denoising", disable=not progress, leave=False):
         s = sigmas[i]
         if both is not None:
-            xv, xa = _x0(net, torch.cat([x, x]), torch.cat([a, a]), s, both, fps, dtype)
+            xv, xa = _x0(net, torch.cat([x, x]), torch.cat([a, a]), s, both, fps, dtype, noisy)
             (xv, xv_u), (xa, xa_u) = xv.split(n), xa.split(n)
             gv, ga = xv + (g.video_cfg - 1) * (xv - xv_u), xa + (g.audio_cfg - 1) * (xa - xa_u)
         else:
-            xv, xa = _x0(net, x, a, s, cond, fps, dtype)
+            xv, xa = _x0(net, x, a, s, cond, fps, dtype, noisy)
             gv, ga = xv, xa
         if stg and (g.video_stg > 0 or g.audio_stg > 0):
-            pv, pa = _x0(net, x, a, s, cond, fps, dtype, stg_blocks=g.stg_blocks)
+            pv, pa = _x0(net, x, a, s, cond, fps, dtype, noisy, stg_blocks=g.stg_blocks)
             gv, ga = gv + g.video_stg * (xv - pv), ga + g.audio_stg * (xa - pa)
         if g.video_modality > 1 or g.audio_modality > 1:
-            pv, pa = _x0(net, x, a, s, cond, fps, dtype, isolate_modalities=True)
+            pv, pa = _x0(net, x, a, s, cond, fps, dtype, noisy, isolate_modalities=True)
             gv, ga = gv + (g.video_modality - 1) * (xv - pv), ga + (g.audio_modality - 1) * (xa - pa)
         gv, ga = _rescale(gv, xv, g.video_rescale), _rescale(ga, xa, g.audio_rescale)
         dt = sigmas[i + 1] - s
-        x, a = x + dt * ((x - gv) / s), a + dt * ((a - ga) / s)
+        stepped = x + dt * ((x - gv) / s)
+        x = torch.cat([x[:, :, :1], stepped[:, :, 1:]], 2) if first_frame_clean else stepped
+        a = a + dt * ((a - ga) / s)
     return x, a
 
 
 @torch.no_grad()
 def generate_ltx2(engine, audio: LTX2Audio | None, prompts: list[str], frames: int, height: int, width: int, sampling,
                   guidance: LTX2Guidance | None = None, fps: float = FPS, stg: bool = True, progress: bool = False,
-                  decode: bool = True) -> tuple[dict, dict]:
+                  decode: bool = True, first_frame: torch.Tensor | None = None) -> tuple[dict, dict]:
     """Prompts -> ``{"videos": (N, 3, T, H, W) in [-1, 1], "waveforms": (N, channels, samples)}`` (with
     ``decode=False``: ``{"latents", "audio_latents"}``, normalized) and seconds per stage. ``sampling``: its
     ``num_steps`` and ``seed``; the guidance is ``guidance`` (default :class:`LTX2Guidance`). Under several
     processes every rank runs the same loop on the same noise (the network splits the video tokens over its CP / TP
-    ranks, the text comes from rank 0); the decoded outputs are rank 0's (``None`` elsewhere)."""
+    ranks, the text comes from rank 0); the decoded outputs are rank 0's (``None`` elsewhere). ``first_frame``: image
+    to video, the image's latents ``(1, C, 1, h, w)`` (:func:`image_latents`) as every video's clean first latent
+    frame, as LTX2ImageToVideoPipeline does."""
     import math
     import time
 
@@ -272,9 +292,12 @@ def generate_ltx2(engine, audio: LTX2Audio | None, prompts: list[str], frames: i
     cond, uncond = encode_prompts(engine, prompts, guided=guidance.video_cfg > 1 or guidance.audio_cfg > 1)
     t1 = time.perf_counter()
     x, a = (z.to(engine.device) for z in initial_noise(len(prompts), video_shape, audio_shape, sampling.seed))
+    if first_frame is not None:  # the pipeline's init_latents * mask + noise * (1 - mask): frame 0 is the image's
+        x[:, :, :1] = first_frame.to(x)
     sigmas = sigma_schedule(engine.generation["tokenizer"]["kwargs"]["path"], sampling.num_steps,
                             math.prod(net.grid(*thw)))
-    x, a = denoise_ltx2(net, cond, uncond, x, a, sigmas, guidance, fps, stg, engine.dtype, progress)
+    x, a = denoise_ltx2(net, cond, uncond, x, a, sigmas, guidance, fps, stg, engine.dtype, progress,
+                        first_frame_clean=first_frame is not None)
     t2 = time.perf_counter()
     times = {"text_encode_s": t1 - t0, "denoise_s": t2 - t1}
     if not decode:
@@ -282,6 +305,30 @@ def generate_ltx2(engine, audio: LTX2Audio | None, prompts: list[str], frames: i
     out = {"videos": engine.decode(x), "waveforms": audio.decode(a).cpu() if engine.rank == 0 else None}
     times["decode_s"] = time.perf_counter() - t2
     return out, times
+
+
+@torch.no_grad()
+def image_latents(tokenizer, image, height: int, width: int, device=None, crf: int | None = None) -> torch.Tensor:
+    """``(1, C, 1, h, w)`` latents of ``image`` (a path or PIL image) as LTX2ImageToVideoPipeline makes them:
+    re-compressed as one H.264 frame at ``crf`` (default: Gemma 3 generations' 33; 0: as it is), resized (bilinear)
+    to ``height x width``, the VAE posterior's mode, normalized by ``latents_mean`` / ``latents_std`` (without the
+    VAE's ``scaling_factor``, as that pipeline; 1 in LTX-2's VAE)."""
+    import numpy as np
+    from diffusers.pipelines.ltx2.utils import DEFAULT_IMAGE_CRF, apply_image_conditioning_crf
+    from diffusers.video_processor import VideoProcessor
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        if not Path(image).is_file():
+            raise FileNotFoundError(f"image not found: {image}")
+        image = Image.open(image)
+    crf = DEFAULT_IMAGE_CRF if crf is None else crf
+    pixels = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
+    proc = VideoProcessor(vae_scale_factor=tokenizer.spatial_compression, resample="bilinear")  # the pipeline's
+    pixels = proc.preprocess(pixels, height=height, width=width)
+    inner = getattr(tokenizer, "inner", tokenizer)  # under --decode-tile: the VAE adapter itself
+    raw = inner.encode_raw(pixels[:, :, None].to(device or "cpu"))
+    return inner.normalize_latents(raw) / inner.vae.config.scaling_factor  # (z - mean) sf / std / sf
 
 
 def _sampler(ctx):
@@ -299,17 +346,20 @@ def _sampler(ctx):
     stg = bool(_json(Path(root) / "transformer" / "config.json").get("perturbed_attn", False))
     guidance = LTX2Guidance(video_cfg=ctx.sampling.guidance)
     fps = ctx.info.generation.get("fps") or FPS
+    first = None
+    if ctx.args.image:
+        first = image_latents(ctx.engine.tokenizer, ctx.args.image, ctx.height, ctx.width, ctx.device)
 
     def sample(batch: list[str]):
         out, times = generate_ltx2(ctx.engine, audio, batch, ctx.frames, ctx.height, ctx.width, ctx.sampling,
-                                   guidance, fps, stg, progress=True)
+                                   guidance, fps, stg, progress=True, first_frame=first)
         return out["videos"], times, (out["waveforms"], audio.sample_rate if audio is not None else None)
 
     return sample
 
 
 GENERATION = FamilyGeneration(family="ltx2", kind="ltx2", published_info=ltx2_checkpoint_info, published_only=True,
-                              check=_check, sampler=_sampler,
+                              check=_check, sampler=_sampler, image=lambda info: "optional",
                               sampling_defaults={"default_steps": STEPS, "default_guidance": LTX2Guidance().video_cfg})
 TRAINED = FamilyGeneration(
     family="ltx2",

@@ -1,5 +1,5 @@
-"""LTX-2 generation on 2 gloo processes (CP2 ring, CP2 all-to-all) gives one process's video and audio latents at
-the pipeline's guidance (CFG, STG, modality isolation, rescale), and ``vfm generate --cp 2`` writes rank 0's video with
+"""LTX-2 generation on 2 gloo processes (CP2 ring, CP2 all-to-all; text and image to video) gives one process's
+video and audio latents at the pipeline's guidance (CFG, STG, modality isolation, rescale), and ``vfm generate --cp 2`` writes rank 0's video with
 its sound; ``--cfg-parallel`` is refused. The tiny pipeline folder is test_ltx2_generate's."""
 
 import sys
@@ -24,11 +24,13 @@ def _sampling():
     return SamplingConfig(num_steps=2, guidance=3.0, sampler="flow-euler", seed=3)
 
 
-def _latents(engine):
-    from nemo_vfm.inference.ltx2 import LTX2Guidance, generate_ltx2
+def _latents(engine, image=False):
+    from nemo_vfm.inference.ltx2 import LTX2Guidance, generate_ltx2, image_latents
+    from tests.inference.test_ltx2_generate import _image
 
+    first = image_latents(engine.tokenizer, _image(), SIZE, SIZE) if image else None
     lat, _ = generate_ltx2(engine, None, [PROMPT, "loud music"], FRAMES, SIZE, SIZE, _sampling(),
-                           LTX2Guidance(stg_blocks=(1,)), decode=False)
+                           LTX2Guidance(stg_blocks=(1,)), decode=False, first_frame=first)
     return lat
 
 
@@ -43,6 +45,7 @@ def _worker(rank, world, folder, out):
         engine = InferenceEngine.from_checkpoint(ltx2_checkpoint_info(folder), InferenceLayout(**kw), device="cpu",
                                                  dtype="fp32")
         result[name] = _latents(engine)
+    result["cp2_image"] = _latents(engine, image=True)  # per-token times (the clean first frame) split over CP
     base = ["generate", "--ckpt", folder, "--prompt", PROMPT, "--frames", str(FRAMES), "--height", str(SIZE),
             "--width", str(SIZE), "--device", "cpu", "--steps", "2", "--no-gif"]
     result["cli"] = main(base + ["--cp", "2", "--out", out])
@@ -61,8 +64,9 @@ def test_layouts_match_one_process(pipe_and_folder, results):  # noqa: F811
     from nemo_vfm.inference.ltx2 import ltx2_checkpoint_info
 
     engine = InferenceEngine.from_checkpoint(ltx2_checkpoint_info(pipe_and_folder[1]), device="cpu", dtype="fp32")
-    ref = _latents(engine)
-    for name in CASES:
+    refs = {name: _latents(engine) for name in CASES}
+    refs["cp2_image"] = _latents(engine, image=True)
+    for name, ref in refs.items():
         for r in range(2):
             for key in ("latents", "audio_latents"):
                 got = results[0][r][name][key]

@@ -1,9 +1,10 @@
 """LTX-2 sampling (``vfm generate --ckpt LTX2_FOLDER``): on a tiny random LTX2Pipeline folder (Gemma 3 with one layer,
 connectors, video and audio VAEs, vocoder, written here), ``generate_ltx2`` gives the pipeline's video latents,
 audio latents, frames and waveform for the same noise at the pipeline's default guidance (CFG, STG, modality
-isolation, rescale), with the STG pass (``perturbed_attn=True``) and without it; ``vfm generate`` writes an mp4 with
-an audio track and a wav; sizes the VAE cannot take and image-to-video are refused before loading, other samplers
-too, each naming the fix."""
+isolation, rescale), with the STG pass (``perturbed_attn=True``) and without it, and LTX2ImageToVideoPipeline's
+latents from an image; ``vfm generate`` writes an mp4 with an audio track and a wav, from a prompt or a prompt and an
+image; sizes the VAE cannot take are refused before loading, other samplers and a missing image too, naming the
+fix."""
 
 import pytest
 import torch
@@ -146,14 +147,52 @@ def test_generation_matches_the_pipeline(pipe_and_folder, perturbed):
     torch.testing.assert_close(out["waveforms"], ref_wave.float(), rtol=0, atol=1e-4)
 
 
-def test_vfm_generate_writes_video_with_sound(pipe_and_folder, tmp_path):
+def _image():
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(5)
+    return Image.fromarray((torch.rand(48, 80, 3, generator=g) * 255).byte().numpy())  # resized to 64 x 64
+
+
+def test_image_to_video_matches_the_pipeline(pipe_and_folder):
+    """LTX2ImageToVideoPipeline: the image (H.264 re-compressed at CRF 33, resized, encoded) as the clean first latent
+    frame at time 0, the rest denoised; the pipeline draws the same noise from a generator seeded alike."""
+    from diffusers import LTX2ImageToVideoPipeline
+
+    from nemo_vfm.inference.generate import SamplingConfig
+    from nemo_vfm.inference.ltx2 import LTX2Guidance, generate_ltx2, image_latents
+
+    pipe, root = pipe_and_folder
+    i2v = LTX2ImageToVideoPipeline(**pipe.components)
+    i2v.set_progress_bar_config(disable=True)
+    engine, audio = _engine(root)
+    first = image_latents(engine.tokenizer, _image(), SIZE, SIZE)
+    sampling = SamplingConfig(num_steps=3, guidance=3.0, sampler="flow-euler", seed=7)
+    lat, _ = generate_ltx2(engine, audio, [PROMPT], FRAMES, SIZE, SIZE, sampling, LTX2Guidance(stg_blocks=(1,)),
+                           decode=False, first_frame=first)
+    ref_lat, ref_alat = i2v(image=_image(), prompt=PROMPT, num_frames=FRAMES, height=SIZE, width=SIZE,
+                            num_inference_steps=3, spatio_temporal_guidance_blocks=[1], output_type="latent",
+                            generator=torch.Generator().manual_seed(7), return_dict=False)
+    ours_lat, ours_alat = _pipeline_noise(pipe, lat["latents"], lat["audio_latents"])
+    torch.testing.assert_close(ours_lat, ref_lat, rtol=0, atol=1e-4)
+    torch.testing.assert_close(ours_alat, ref_alat, rtol=0, atol=1e-4)
+    torch.testing.assert_close(lat["latents"][:, :, :1], first, rtol=0, atol=0)  # the image's frame is kept
+
+
+@pytest.mark.parametrize("image", [False, True])
+def test_vfm_generate_writes_video_with_sound(pipe_and_folder, tmp_path, image):
     import av
 
     from nemo_vfm.cli.main import main
 
     out = tmp_path / "videos"
+    flags = []
+    if image:
+        _image().save(tmp_path / "first.png")
+        flags = ["--image", str(tmp_path / "first.png")]
     rc = main(["generate", "--ckpt", str(pipe_and_folder[1]), "--prompt", PROMPT, "--frames", str(FRAMES), "--height",
-               str(SIZE), "--width", str(SIZE), "--device", "cpu", "--steps", "2", "--no-gif", "--out", str(out)])
+               str(SIZE), "--width", str(SIZE), "--device", "cpu", "--steps", "2", "--no-gif", "--out", str(out),
+               *flags])
     assert rc == 0
     mp4, wav = out / "batch000.mp4", out / "batch000.wav"
     assert wav.is_file()
@@ -166,7 +205,7 @@ def test_vfm_generate_writes_video_with_sound(pipe_and_folder, tmp_path):
     (["--height", "48"], "multiples of 32"),
     (["--frames", "10"], "1 + 8*k"),
     (["--sampler", "unipc"], "LTX-2 samples with its pipeline's Euler steps"),
-    (["--image", "first.png"], "--image is for image-to-video models"),
+    (["--image", "missing.png"], "image not found"),
 ])
 def test_what_is_not_built_is_refused(pipe_and_folder, tmp_path, capsys, flags, message):
     from nemo_vfm.cli.main import main
