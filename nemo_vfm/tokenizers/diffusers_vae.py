@@ -126,6 +126,8 @@ class DiffusersVideoVAE(VideoTokenizer):
     tiling (``vae.enable_tiling()``); :class:`~nemo_vfm.tokenizers.tiling.TiledTokenizer` works too.
     """
 
+    _decode_kwargs: Callable | None = None  # the family's further vae.decode arguments (set by __init__)
+
     def __init__(self, vae: torch.nn.Module, family: str, sample: bool = False, diffusers_tiling: bool = False):
         super().__init__()
         if family not in FAMILIES:
