@@ -204,7 +204,7 @@ def encode_prompts(engine, prompts: list[str], guided: bool) -> tuple[dict, dict
     n = len(prompts)
     tensors = None
     if engine.rank == 0:
-        video, audio, mask = engine.text_encoder.encode_streams(list(prompts) + [NEGATIVE_PROMPT] * n * guided)
+        video, audio, mask = engine.text_encoder.encode_streams(list(prompts) + ([NEGATIVE_PROMPT] * n if guided else []))
         tensors = {"context": video.float(), "audio_context": audio.float(), "context_mask": mask}
     tensors = _broadcast(engine, tensors)
     tensors["audio_context_mask"] = tensors["context_mask"]
@@ -341,7 +341,7 @@ def _sampler(ctx):
         raise ValueError("--flow-shift: LTX-2 shifts its sigmas with the scheduler's dynamic shift; drop --flow-shift")
     if ctx.layout.cfg_parallel:
         raise NotImplementedError("--cfg-parallel is not built for LTX-2 (its guidance runs up to four passes per "
-                                  "step); drop it: --cp / --tp split the network over the GPUs instead")
+                                  "step); drop it: --cp N splits the video tokens over the GPUs instead")
     audio = LTX2Audio.load(root, ctx.device) if ctx.rank == 0 else None  # decodes on rank 0
     stg = bool(_json(Path(root) / "transformer" / "config.json").get("perturbed_attn", False))
     guidance = LTX2Guidance(video_cfg=ctx.sampling.guidance)
