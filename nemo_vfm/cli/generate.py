@@ -16,6 +16,8 @@
     vfm generate --ckpt /models/Cosmos-Predict2.5-2B --prompt "..." --video clip.mp4 [--cond-frames 1] --guidance 8
     # HunyuanVideo 1.5 pipeline folders: T2V, or I2V folders with --image (the release's guidance is 6)
     vfm generate --ckpt /models/HunyuanVideo-1.5-480p_t2v --prompt 'a shop sign that says "OPEN"' --guidance 6
+    # LTX-2 pipeline folders: video with sound (an mp4 with an audio track and a wav per prompt), optionally from an image
+    vfm generate --ckpt /models/LTX-2 --prompt "a drummer on a rooftop at dusk" [--image first.png]
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
@@ -33,9 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; a distilled student: its own)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders: 30; a distilled "
+                                                            "student: its own)")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 5; "
-                                                                "a distilled student: 1)")
+                                                                "LTX-2 folders: the video's, default 3, the audio's "
+                                                                "stays 7; a distilled student: 1)")
     p.add_argument("--guidance-2", type=float, default=None, help="Wan 2.2 A14B: the low-noise expert's guidance "
                                                                    "scale (default: --guidance)")
     p.add_argument("--sampler", default=None, choices=("heun", "euler", "res", "flow-euler", "unipc"),
@@ -69,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on for Wan checkpoints on CUDA, off otherwise)")
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
-    p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V "
-                                   "and Cosmos folders): the first frame")
+    p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V, "
+                                   "Cosmos and LTX-2 folders): the first frame")
     p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
                                    "generation size)")
     p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "
@@ -253,7 +257,7 @@ def _run(args) -> int:
     if (takes_image == "required" and not args.image) or (args.image and takes_image == "none"):
         raise ValueError("this is an image-to-video model: pass --image FIRST_FRAME" if takes_image == "required" else
                          "--image is for image-to-video models (Wan and HunyuanVideo I2V folders, Wan 2.2 TI2V, "
-                         "Cosmos); drop it")
+                         "Cosmos, LTX-2); drop it")
     if video and not family.video:
         raise ValueError("--video is Cosmos-Predict2.5 Video2World (a Cosmos pipeline folder as --ckpt); drop it")
     if video and args.image:
@@ -273,7 +277,7 @@ def _run(args) -> int:
         if not hasattr(info.objective, "shift"):
             raise ValueError("--flow-shift applies to flow-matching checkpoints; drop it")
         info.objective = dataclasses.replace(info.objective, shift=args.flow_shift)
-    cfg = sampling_config(args, gen, info.objective, info.path)
+    cfg = sampling_config(args, gen, info.objective, info.path, **family.sampling_defaults)
     sampler = cfg.sampler
     started = dist.is_initialized()
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
@@ -317,7 +321,7 @@ def _run(args) -> int:
         written, totals = [], {}
         for i in tqdm(range(0, len(prompts), args.batch_size), desc="generating", unit="batch", disable=rank != 0):
             batch = prompts[i: i + args.batch_size]
-            videos, times = sample(batch)
+            videos, times, *audio = sample(batch)  # a sampler with sound returns (waveforms, sample rate) too
             for k, v in times.items():
                 totals[k] = totals.get(k, 0.0) + v
             if rank == 0:
@@ -326,11 +330,11 @@ def _run(args) -> int:
                                      f"{args.guidance}); nothing was written; try another checkpoint or sampler")
                 upscale = args.upscale or max(1, 256 // max(videos.shape[-2:]))
                 written += write_videos(videos, out / f"batch{i // args.batch_size:03d}", fps=fps, upscale=upscale,
-                                        captions=batch, gif=args.gif)
+                                        captions=batch, gif=args.gif, audio=audio[0] if audio else None)
                 tqdm.write("  " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in times.items()))
         if rank == 0:
             split = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}s" for k, v in totals.items())
-            print(f"wrote {len([w for w in written if w.suffix == '.mp4'])} video grid(s) to {out} "
+            print(f"wrote {len([w for w in written if w.suffix == '.mp4'])} video file(s) to {out} "
                   f"(checkpoint step {engine.step}); time per stage: {split}")
     finally:
         if dist.is_initialized() and not started:

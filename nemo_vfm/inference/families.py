@@ -22,9 +22,10 @@ def _table() -> tuple[FamilyGeneration, ...]:
     from nemo_vfm.inference.hunyuan import GENERATION as hunyuan
     from nemo_vfm.inference.kandinsky6 import GENERATION as kandinsky6
     from nemo_vfm.inference.ltx2 import GENERATION as ltx2
+    from nemo_vfm.inference.ltx2 import TRAINED as ltx2_trained
     from nemo_vfm.inference.wan import GENERATION as wan
 
-    return wan, cosmos, hunyuan, ltx2, kandinsky6
+    return wan, cosmos, hunyuan, ltx2, ltx2_trained, kandinsky6
 
 
 def generation_of(info) -> FamilyGeneration:

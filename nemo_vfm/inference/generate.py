@@ -70,18 +70,32 @@ def text_conditions(text_encoder, prompts: list[str], device=None, fps: float | 
 
 
 def write_videos(videos_NCTHW: torch.Tensor, stem: str | Path, fps: float = 8.0, upscale: int = 1,
-                 captions: list[str] | None = None, gif: bool = True) -> list[Path]:
+                 captions: list[str] | None = None, gif: bool = True, audio=None) -> list[Path]:
     """Write a grid of N videos to ``stem.mp4`` and ``stem.gif`` (no gif with ``gif=False``; and ``stem.txt`` with
-    the captions)."""
+    the captions). ``audio``: ``(waveforms (N, channels, samples), sample_rate)``: each video is written on its own
+    instead (``stem.mp4`` for one video, ``stem_i.mp4`` for several) with its waveform muxed, and beside it the
+    waveform as ``.wav``."""
     import numpy as np
 
-    from nemo_vfm.io.video import grid, tensor_to_frames, write_gif, write_video
+    from nemo_vfm.io.video import grid, tensor_to_frames, write_gif, write_video, write_wav
 
     frames = np.stack([tensor_to_frames(v) for v in videos_NCTHW])  # (N, T, H, W, 3)
     if upscale > 1:
         frames = frames.repeat(upscale, axis=2).repeat(upscale, axis=3)
-    g = grid(frames)
     stem = Path(stem)
+    if audio is not None:
+        waves, rate = audio
+        out = []
+        for i, f in enumerate(frames):
+            s = stem if len(frames) == 1 else stem.with_name(f"{stem.name}_{i}")
+            wav = waves[i].float().cpu().numpy()
+            out += [write_video(s.with_suffix(".mp4"), f, fps, audio_CS=wav, sample_rate=rate),
+                    write_wav(s.with_suffix(".wav"), wav, rate)] + ([write_gif(s.with_suffix(".gif"), f, fps)] if gif else [])
+        if captions:
+            stem.with_suffix(".txt").write_text("\n".join(captions) + "\n")
+            out.append(stem.with_suffix(".txt"))
+        return out
+    g = grid(frames)
     out = [write_video(stem.with_suffix(".mp4"), g, fps)] + ([write_gif(stem.with_suffix(".gif"), g, fps)] if gif else [])
     if captions:
         stem.with_suffix(".txt").write_text("\n".join(captions) + "\n")

@@ -5,7 +5,7 @@ inference module; :mod:`nemo_vfm.inference.families` lists them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 IMAGE_INPUTS = ("none", "optional", "required")
 
@@ -83,7 +83,9 @@ class FamilyGeneration:
     its published folders may be exported (``--export-safetensors``), else they are refused as not a training run
     (used as they are). ``sampler(ctx)``: set up
     once per run (:class:`SampleContext`: extra encoders, conditioning latents), returns ``sample(prompts) ->
-    (videos, seconds per stage)``. ``unavailable``: set for a family that ``vfm generate`` cannot sample yet, the
+    (videos, seconds per stage)``, or with sound ``(videos, seconds, (waveforms (N, channels, samples), sample
+    rate))``. ``sampling_defaults``: ``default_steps`` / ``default_guidance`` of ``vfm generate`` for its published
+    folders (their pipeline's). ``unavailable``: set for a family that ``vfm generate`` cannot sample yet, the
     sentence it fails with."""
 
     family: str
@@ -97,4 +99,5 @@ class FamilyGeneration:
     image_size: Callable | None = None
     export_published: bool = True
     sampler: Callable = default_sampler
+    sampling_defaults: dict = field(default_factory=dict)
     unavailable: str | None = None

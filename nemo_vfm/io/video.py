@@ -1,6 +1,6 @@
 """Video files in and out through PyAV.
 
-Frames are uint8 numpy arrays ``[T, H, W, 3]`` (RGB). Tensors in the model world are float
+Frames are uint8 numpy arrays ``[T, H, W, 3]`` (RGB); audio, float waveforms ``[channels, samples]`` in [-1, 1]. Tensors in the model world are float
 ``[3, T, H, W]`` in [-1, 1]; :func:`tensor_to_frames` and :func:`frames_to_tensor` convert.
 """
 
@@ -29,11 +29,12 @@ def frames_to_tensor(frames_THWC: np.ndarray):
 
 
 def write_video(path: str | os.PathLike, frames_THWC: np.ndarray, fps: float = 8.0, codec: str = "libx264",
-                crf: int = 18) -> Path:
+                crf: int = 18, audio_CS: np.ndarray | None = None, sample_rate: int | None = None) -> Path:
     """Write uint8 frames ``[T, H, W, 3]`` to an mp4 (H.264, yuv420p), atomically.
 
     H and W are padded up to even sizes (yuv420p needs them). The file appears under its final
-    name only once complete.
+    name only once complete. ``audio_CS``: a float waveform ``[channels, samples]`` in [-1, 1] (1 or 2 channels)
+    at ``sample_rate`` Hz, muxed as an AAC track.
     """
     import av
 
@@ -44,6 +45,7 @@ def write_video(path: str | os.PathLike, frames_THWC: np.ndarray, fps: float = 8
     pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
     if pad_h or pad_w:
         frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    audio = None if audio_CS is None else _waveform(audio_CS, sample_rate)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with av.open(str(tmp), mode="w", format="mp4") as container:
@@ -52,11 +54,49 @@ def write_video(path: str | os.PathLike, frames_THWC: np.ndarray, fps: float = 8
         stream.pix_fmt = "yuv420p"
         if codec == "libx264":
             stream.options = {"crf": str(crf)}
+        if audio is not None:
+            layout = "mono" if audio.shape[0] == 1 else "stereo"
+            astream = container.add_stream("aac", rate=int(sample_rate), layout=layout)
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if audio is not None:
+            aframe = av.AudioFrame.from_ndarray(audio, format="fltp", layout=layout)
+            aframe.sample_rate, aframe.pts = int(sample_rate), 0
+            for packet in astream.encode(aframe):
+                container.mux(packet)
+            for packet in astream.encode():
+                container.mux(packet)
+    os.replace(tmp, path)
+    return path
+
+
+def _waveform(audio_CS, sample_rate) -> np.ndarray:
+    """A float32 ``[channels, samples]`` copy in [-1, 1]; raises naming what is wrong."""
+    audio = np.asarray(audio_CS, dtype=np.float32)
+    if audio.ndim != 2 or audio.shape[0] not in (1, 2) or audio.shape[1] < 1:
+        raise ValueError(f"audio must be a waveform [channels (1 or 2), samples], got shape {audio.shape}")
+    if not sample_rate or sample_rate <= 0:
+        raise ValueError(f"audio needs a positive sample_rate, got {sample_rate}")
+    return np.ascontiguousarray(np.clip(audio, -1.0, 1.0))
+
+
+def write_wav(path: str | os.PathLike, audio_CS: np.ndarray, sample_rate: int) -> Path:
+    """Write a float waveform ``[channels, samples]`` in [-1, 1] as 16-bit PCM WAV, atomically."""
+    import wave
+
+    path = Path(path)
+    audio = _waveform(audio_CS, sample_rate)
+    pcm = np.round(audio.T * 32767.0).astype("<i2")  # [samples, channels], interleaved
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with wave.open(str(tmp), "wb") as w:
+        w.setnchannels(audio.shape[0])
+        w.setsampwidth(2)
+        w.setframerate(int(sample_rate))
+        w.writeframes(pcm.tobytes())
     os.replace(tmp, path)
     return path
 

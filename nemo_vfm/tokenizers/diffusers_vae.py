@@ -27,13 +27,15 @@ from nemo_vfm.tokenizers.base import VideoTokenizer
 @dataclass(frozen=True)
 class VAEFamily:
     """How to read one diffusers VAE class: ``sizes(vae) -> (tc, sc, c)``, ``stats(vae) -> (shift, scale)``;
-    ``check(vae)`` raises when the weights are another variant of the class."""
+    ``check(vae)`` raises when the weights are another variant of the class; ``decode_kwargs(vae, z)``: further
+    arguments of ``vae.decode`` (LTX-2's timestep-conditioned decoder: its time)."""
 
     class_name: str
     sizes: Callable
     stats: Callable
     causal: bool = True
     check: Callable | None = None
+    decode_kwargs: Callable | None = None
 
 
 def _wan_sizes(vae):
@@ -60,8 +62,15 @@ def _cosmos_stats(vae):
 
 
 def _ltx2_stats(vae):
-    """diffusers ``LTX2Pipeline._normalize_latents``: ``(z - latents_mean) * scaling_factor / latents_std``."""
+    """LTX2Pipeline's ``_normalize_latents`` / ``_denormalize_latents``: ``(z - latents_mean) * scaling_factor /
+    latents_std`` and back (the VAE's buffers)."""
     return vae.latents_mean.detach().float().cpu(), vae.latents_std.detach().float().cpu() / vae.config.scaling_factor
+
+
+def _ltx2_decode_kwargs(vae, z):
+    """LTX2Pipeline's decode at its defaults: ``decode_timestep=0`` (and so no decode noise) when the decoder is
+    timestep-conditioned."""
+    return {"temb": torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)} if vae.config.timestep_conditioning else {}
 
 
 def _scaling_stats(vae):
@@ -77,12 +86,12 @@ FAMILIES: dict[str, VAEFamily] = {
     "cosmos_diffusers": VAEFamily("AutoencoderKLCosmos",
                                   lambda v: (v.config.temporal_compression_ratio, v.config.spatial_compression_ratio,
                                              v.config.latent_channels), _cosmos_stats),
+    "ltx2": VAEFamily("AutoencoderKLLTX2Video",
+                      lambda v: (v.temporal_compression_ratio, v.spatial_compression_ratio, v.config.latent_channels),
+                      _ltx2_stats, decode_kwargs=_ltx2_decode_kwargs),
     "cogvideox": VAEFamily("AutoencoderKLCogVideoX",
                            lambda v: (int(v.config.temporal_compression_ratio), 2 ** (len(v.config.block_out_channels) - 1),
                                       v.config.latent_channels), _scaling_stats),
-    "ltx2": VAEFamily("AutoencoderKLLTX2Video",  # LTX-2 (128 channels, 8x32x32)
-                      lambda v: (v.temporal_compression_ratio, v.spatial_compression_ratio, v.config.latent_channels),
-                      _ltx2_stats),
 }
 
 
@@ -119,6 +128,8 @@ class DiffusersVideoVAE(VideoTokenizer):
     tiling (``vae.enable_tiling()``); :class:`~nemo_vfm.tokenizers.tiling.TiledTokenizer` works too.
     """
 
+    _decode_kwargs: Callable | None = None  # the family's further vae.decode arguments (set by __init__)
+
     def __init__(self, vae: torch.nn.Module, family: str, sample: bool = False, diffusers_tiling: bool = False):
         super().__init__()
         if family not in FAMILIES:
@@ -127,6 +138,7 @@ class DiffusersVideoVAE(VideoTokenizer):
         if spec.check is not None:
             spec.check(vae)
         self.vae, self.family, self.sample = vae.eval().requires_grad_(False), family, sample
+        self._decode_kwargs = spec.decode_kwargs
         self.temporal_compression, self.spatial_compression, self.latent_channels = spec.sizes(vae)
         self.causal = spec.causal
         self.set_latent_stats(*spec.stats(vae))
@@ -160,7 +172,9 @@ class DiffusersVideoVAE(VideoTokenizer):
 
     @torch.no_grad()
     def decode_raw(self, z: torch.Tensor) -> torch.Tensor:
-        return self.vae.decode(self._cast(z)).sample.float()
+        z = self._cast(z)
+        extra = self._decode_kwargs(self.vae, z) if self._decode_kwargs is not None else {}
+        return self.vae.decode(z, **extra).sample.float()
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         return self.normalize_latents(self.encode_raw(video))

@@ -111,7 +111,7 @@ def _ltx2(path: str, max_length: int = 1024, device: str = "cpu", dtype: str | N
 
 TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {"hash": _hash, "t5": _t5("t5"), "umt5": _t5("umt5"),
                                                       "qwen2_5_vl": _qwen2_5_vl,  # Cosmos-Predict2.5
-                                                      "ltx2": _ltx2}
+                                                      "ltx2": _ltx2}  # LTX-2: Gemma 3 + connectors
 
 
 def _call(kind: str, registry: dict, name: str, kwargs: dict):

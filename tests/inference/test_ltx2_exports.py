@@ -1,7 +1,8 @@
 """Exports of an LTX-2 LoRA run. ``--format comfyui``: every key is one ComfyUI's LoraLoader reads for its LTX-2
 (LTXAV) model, whose module names are the release's (ours), and the patched release weights equal our merged
 ``--format original`` export (ComfyUI's LoRA path is re-implemented in tests/inference/test_comfyui_lora.py).
-``--format lora``: diffusers loads the adapters and reproduces our merged network. ``vfm generate`` refuses LTX-2."""
+``--format lora``: diffusers loads the adapters and reproduces our merged network. ``vfm generate`` refuses an LTX-2
+training run (it samples LTX2Pipeline folders)."""
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ def test_published_size_maps_every_linear_and_errors_name_the_layer():
 
 def test_diffusers_lora_export_loads_in_diffusers_and_generate_is_refused(tmp_path, capsys):
     """``--format lora``: diffusers' LTX2VideoTransformer3DModel with the adapters reproduces our merged network;
-    ``vfm generate`` says it does not sample LTX-2 and what to do instead."""
+    ``vfm generate`` says it does not sample an LTX-2 training run and what to do instead."""
     pytest.importorskip("diffusers")
     from diffusers import LTX2VideoTransformer3DModel
 
@@ -83,4 +84,4 @@ def test_diffusers_lora_export_loads_in_diffusers_and_generate_is_refused(tmp_pa
         rv, ra = diffusers_forward(ref, net, x, audio, t, ctx, actx, mask)
     assert (v - rv).abs().max() <= 1e-4 * rv.abs().max() and (a - ra).abs().max() <= 1e-4 * ra.abs().max()
     assert main(["generate", "--ckpt", str(run), "--prompt", "a cat"]) == 2
-    assert "not implemented for LTX-2" in capsys.readouterr().err
+    assert "samples LTX-2 from a diffusers LTX2Pipeline folder only" in capsys.readouterr().err

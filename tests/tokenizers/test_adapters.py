@@ -127,3 +127,30 @@ def test_vae_runs_under_the_dit_attention_flags(tmp_path):
         assert torch.allclose(tok.decode(tok.encode(x)), ref, atol=1e-5, rtol=1e-5)  # math vs the CPU's flash kernel
     finally:
         select_sdpa_backend("default")
+
+
+def test_ltx2_video_vae_normalizes_and_decodes_as_the_pipeline(tmp_path):
+    """Tokenizer ``ltx2``: LTX2Pipeline's latent normalization (the VAE's ``latents_mean`` / ``latents_std`` buffers
+    and ``scaling_factor``) and, for a timestep-conditioned decoder, its decode at ``decode_timestep=0``."""
+    from diffusers import LTX2Pipeline
+
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLLTX2Video(
+        latent_channels=8, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 16, 32),
+        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1), timestep_conditioning=True,
+        decoder_spatial_padding_mode="zeros", spatial_compression_ratio=32, temporal_compression_ratio=8,
+        scaling_factor=0.9).eval()
+    with torch.no_grad():
+        vae.latents_mean.copy_(0.1 * torch.randn(8))
+        vae.latents_std.copy_(1 + 0.2 * torch.rand(8))
+    vae.save_pretrained(tmp_path / "pipe" / "vae")
+    tok = build_tokenizer("ltx2", path=str(tmp_path / "pipe"))
+    assert (tok.temporal_compression, tok.spatial_compression, tok.latent_channels, tok.causal) == (8, 32, 8, True)
+    x = torch.rand(1, 3, 9, 64, 64) * 2 - 1
+    raw = vae.encode(x).latent_dist.mode()
+    z = tok.encode(x)
+    ref = LTX2Pipeline._normalize_latents(raw, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    torch.testing.assert_close(z, ref, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        want = vae.decode(raw, torch.zeros(1)).sample
+    torch.testing.assert_close(tok.decode(z), want, rtol=0, atol=1e-4)

@@ -56,22 +56,31 @@ class LTX2Attention(nn.Module):
         return dist.get_rank(self.tp_group) * local_heads
 
     def forward(self, x_BSD: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                rope=None, key_rope=None) -> torch.Tensor:
+                rope=None, key_rope=None, perturb: torch.Tensor | None = None) -> torch.Tensor:
         """``x (B, S, D)``, ``context (B, L, Dk)`` (None: self-attention), ``mask``: additive ``(B, 1, 1, L)`` or a
         boolean / additive mask broadcastable to ``(B, Hn, S, L)``; ``rope`` rotates q (and k when ``key_rope`` is
-        None) -> ``(B, S, D)``."""
+        None) -> ``(B, S, D)``. ``perturb (B,)``: spatio-temporal guidance's perturbation, 0 where a sample's
+        attention is replaced by its values ``v`` (all 0: attention is not computed), 1 where it is kept
+        (diffusers' ``LTX2PerturbedAttnProcessor``)."""
         kv = x_BSD if context is None else context
-        q = self.q_norm(self.to_q(x_BSD)).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, Hn, S, Dh)
-        k = self.k_norm(self.to_k(kv)).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
-        v = self.to_v(kv).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
-        if rope is not None:
-            first = self._first_head(q.shape[1])
-            q = apply_rope(q, *rope, self.interleaved, first)
-            k = apply_rope(k, *(key_rope if key_rope is not None else rope), self.interleaved, first)
-        out = self.core(q, k, v, mask).transpose(1, 2)  # (B, S, Hn, Dh)
+        v = self.to_v(kv)  # (B, L, Hn Dh)
+        if perturb is not None and not bool(perturb.any()):
+            out = v
+        else:
+            q = self.q_norm(self.to_q(x_BSD)).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, Hn, S, Dh)
+            k = self.k_norm(self.to_k(kv)).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+            if rope is not None:
+                first = self._first_head(q.shape[1])
+                q = apply_rope(q, *rope, self.interleaved, first)
+                k = apply_rope(k, *(key_rope if key_rope is not None else rope), self.interleaved, first)
+            vh = v.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+            out = self.core(q, k, vh, mask).transpose(1, 2).flatten(2)  # (B, S, Hn Dh)
+            if perturb is not None:
+                out = torch.lerp(v, out, perturb.to(out.dtype)[:, None, None])
         if self.to_gate_logits is not None:
-            out = out * (2.0 * torch.sigmoid(self.to_gate_logits(x_BSD)))[..., None]
-        return self.to_out[0](out.flatten(2))
+            gates = 2.0 * torch.sigmoid(self.to_gate_logits(x_BSD))  # (B, S, Hn)
+            out = (out.unflatten(-1, (-1, self.head_dim)) * gates[..., None]).flatten(2)
+        return self.to_out[0](out)
 
 
 class _GELUProj(nn.Module):

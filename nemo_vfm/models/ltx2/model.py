@@ -190,21 +190,23 @@ class LTX2Block(nn.Module):
                 audio_context: torch.Tensor | None, c: torch.Tensor, c_av: torch.Tensor | None,
                 c_audio: torch.Tensor | None = None, c_av_audio: torch.Tensor | None = None,
                 c_prompt: torch.Tensor | None = None, c_prompt_audio: torch.Tensor | None = None,
-                rope=None, audio_rope=None, context_mask=None, audio_context_mask=None, attn_mask=None):
+                rope=None, audio_rope=None, context_mask=None, audio_context_mask=None, attn_mask=None,
+                perturb: torch.Tensor | None = None, isolate: bool = False):
         """``x (B, S, D)``, ``audio (B, La, Da)`` (None: video only), embedded text ``(B, L, D)`` / ``(B, L, Da)``;
         modulations ``c (B, [S,] nD)`` (adaLN), ``c_av (B, [S,] 5D)`` (a2v/v2a scale-shift x4, gate), audio alike,
         ``c_prompt (B, 2D)`` (LTX-2.3); ``rope``: video tables [self-attention | cross-modal] concatenated on the
-        last dim, ``audio_rope`` alike; masks additive ``(B, 1, 1, L)``. -> ``(x, audio)``."""
+        last dim, ``audio_rope`` alike; masks additive ``(B, 1, 1, L)``; ``perturb (B,)``: STG on both
+        self-attentions (:class:`LTX2Attention`); ``isolate``: skip both cross-modal attentions. -> ``(x, audio)``."""
         d2 = self.d // 2
         rope_v, rope_va = _halves(rope, d2)
         e = _mod(self.scale_shift_table, c)
         x_BSD = x_BSD + (self.attn1(_shift_scale(rms_norm(x_BSD, self.eps), e[1], e[0]), None, attn_mask,
-                                    rope_v).float() * e[2]).to(x_BSD.dtype)
+                                    rope_v, perturb=perturb).float() * e[2]).to(x_BSD.dtype)
         if audio is not None:
             rope_a, rope_av = _halves(audio_rope, self.da // 2)
             ea = _mod(self.audio_scale_shift_table, c_audio)
             audio = audio + (self.audio_attn1(_shift_scale(rms_norm(audio, self.eps), ea[1], ea[0]), None, None,
-                                              rope_a).float() * ea[2]).to(audio.dtype)
+                                              rope_a, perturb=perturb).float() * ea[2]).to(audio.dtype)
         any_mod = self.video_cross_mod or self.audio_cross_mod
         x_BSD = self._text(self.attn2, x_BSD, context, context_mask, e, getattr(self, "prompt_scale_shift_table", None),
                            c_prompt, self.video_cross_mod, any_mod)
@@ -212,6 +214,7 @@ class LTX2Block(nn.Module):
             audio = self._text(self.audio_attn2, audio, audio_context, audio_context_mask, ea,
                                getattr(self, "audio_prompt_scale_shift_table", None), c_prompt_audio,
                                self.audio_cross_mod, any_mod)
+        if audio is not None and not isolate:
             hv, ha = rms_norm(x_BSD, self.eps), rms_norm(audio, self.eps)
             v_a2v_scale, v_a2v_shift, v_v2a_scale, v_v2a_shift, a2v_gate = _mod(self.scale_shift_table_a2v_ca_video, c_av)
             a_a2v_scale, a_a2v_shift, a_v2a_scale, a_v2a_shift, v2a_gate = _mod(self.scale_shift_table_a2v_ca_audio,
@@ -357,13 +360,17 @@ class LTX2Model(nn.Module):
                 audio_timesteps: torch.Tensor | None = None, audio_context: torch.Tensor | None = None,
                 audio_context_mask: torch.Tensor | None = None, fps: float | torch.Tensor | None = None,
                 sigma: torch.Tensor | None = None, audio_sigma: torch.Tensor | None = None, attn_mask=None,
-                reference_latents: torch.Tensor | None = None, class_labels=None, packed=None):
+                reference_latents: torch.Tensor | None = None, class_labels=None, packed=None,
+                stg_blocks=(), perturbation_mask: torch.Tensor | None = None, isolate_modalities: bool = False):
         """``reference_latents (B, C, Tr, Hr, Wr)``: IC-LoRA reference video latents, appended to the video tokens
         clean (time 0, positions as :meth:`positions` places them) and cut from the output;
         ``fps``: the video frame rate of the RoPE positions, a number or ``(B,)`` (default ``cfg.fps``);
         ``sigma`` / ``audio_sigma (B,)``: each stream's noise level for the cross-timestep and prompt
         modulations (default: ``timesteps`` / ``audio_timesteps`` when per sample); ``attn_mask``: a video
-        self-attention mask ``(B, 1, S, S)`` (boolean or additive)."""
+        self-attention mask ``(B, 1, S, S)`` (boolean or additive). Guidance passes (diffusers' arguments):
+        ``stg_blocks``: block indices whose video and audio self-attentions are perturbed (spatio-temporal guidance)
+        by ``perturbation_mask (B,)`` (0: the values replace attention; default all 0); ``isolate_modalities``: no
+        audio <-> video attention in any block."""
         cfg = self.cfg
         if packed is not None or class_labels is not None:
             raise ValueError("LTX-2 takes unpacked latents and text context only (no packed batches, no class labels)")
@@ -425,9 +432,12 @@ class LTX2Model(nn.Module):
                 c_pa = self._adaln(self.audio_prompt_adaln, audio_sigma * ts)[0]
         pos = self.positions(grid, cfg.fps if fps is None else fps, x.device, ref_grid)
         rope, audio_rope = self.ropes(pos, None if a is None else a.shape[1], x.device)
-        for block in self.blocks:
+        stg = set(stg_blocks or ())
+        if stg and perturbation_mask is None:
+            perturbation_mask = torch.zeros(x.shape[0], device=x.device)
+        for i, block in enumerate(self.blocks):
             tokens, a = block(tokens, a, ctx, actx, c, c_av, c_a, c_av_a, c_p, c_pa, rope, audio_rope, mask, amask,
-                              attn_mask)
+                              attn_mask, perturb=perturbation_mask if i in stg else None, isolate=isolate_modalities)
         video = self.unpack(self.final_layer(tokens, e)[:, :S], grid)
         if audio is None:
             return video

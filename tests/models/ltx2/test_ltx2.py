@@ -179,3 +179,31 @@ def test_ic_lora_reference_tokens_match_diffusers(downscale):
     assert v.shape == x.shape
     torch.testing.assert_close(v, net.unpack(rv[:, :S], (2, 4, 2)), rtol=0, atol=1e-5)
     torch.testing.assert_close(a, ra.unflatten(-1, (-1, cfg.audio_mel_bins)).transpose(1, 2), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["release_like", "gated_cross_mod"])
+def test_guidance_passes_match_diffusers(case):
+    """LTX2Pipeline's extra guidance passes: STG (values in place of self-attention at some blocks, all samples or
+    those a perturbation mask picks; diffusers' perturbed_attn=True) and modality isolation (no audio <-> video
+    attention)."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    cfg = tiny(**CASES[case])
+    net = randomized(cfg)
+    ref = LTX2VideoTransformer3DModel(**C.config_to_diffusers(cfg), perturbed_attn=True).eval()
+    ref.load_state_dict(C.to_diffusers(net.state_dict()), strict=True)
+    x, audio, t, ctx, actx, mask = inputs(cfg)
+    passes = [dict(stg=[1]), dict(stg=[0, 1], pm=torch.tensor([1.0, 0.0])), dict(isolate=True)]
+    with torch.no_grad():
+        plain = net(x, t, ctx, mask, audio=audio, audio_context=actx, audio_context_mask=mask)
+        for p in passes:
+            pm = p.get("pm")
+            v, a = net(x, t, ctx, mask, audio=audio, audio_context=actx, audio_context_mask=mask,
+                       stg_blocks=p.get("stg", ()), perturbation_mask=pm, isolate_modalities=p.get("isolate", False))
+            rv, ra = diffusers_forward(ref, net, x, audio, t, ctx, actx, mask, isolate=p.get("isolate", False),
+                                       spatio_temporal_guidance_blocks=p.get("stg"), perturbation_mask=pm)
+            torch.testing.assert_close(v, rv, rtol=0, atol=1e-5)
+            torch.testing.assert_close(a, ra, rtol=0, atol=1e-5)
+            assert (v - plain[0]).abs().max() > 1e-3  # the pass changes the prediction
+            if pm is not None:  # sample 0 is not perturbed
+                torch.testing.assert_close(v[0], plain[0][0], rtol=0, atol=1e-5)
