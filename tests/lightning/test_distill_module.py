@@ -131,16 +131,23 @@ def _state(ckpt):
 
 
 def test_resume_is_exact_and_checkpoints_hold_the_critic_but_no_teacher_optimizer_state(tmp_path):
-    straight = _train(tmp_path / "a", 4)
-    _train(tmp_path / "b", 2)
-    resumed = _train(tmp_path / "b", 4)
+    """With the GAN term on (its head is saved, trained with the critic and logged); without it, the same path minus
+    the head (``tests/test_recipes_resume.py`` resumes ``distill_quickstart``)."""
+    gan = dict(gan_weight=0.01, gan_critic_weight=0.05)
+    straight = _train(tmp_path / "a", 4, **gan)
+    _train(tmp_path / "b", 2, **gan)
+    resumed = _train(tmp_path / "b", 4, **gan)
     assert resumed["step"] == 4
     a, full = _state(straight["checkpoint"])
     b, _ = _state(resumed["checkpoint"])
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert {k.split(".")[0] for k in a} == {"model", "ema", "teacher", "critic"}
-    n_trained = sum(1 for k in a if k.startswith(("model.", "critic.")))
-    assert len(full["optimizer_states"][0]["state"]) == n_trained  # AdamW state for student and critic only
+    assert {k.split(".")[0] for k in a} == {"model", "ema", "teacher", "critic", "gan_head"}
+    assert {k for k in a if k.startswith("gan_head.")} == {f"gan_head.net.{i}.{w}" for i in (0, 1, 3)
+                                                          for w in ("weight", "bias")}
+    n_trained = sum(1 for k in a if k.startswith(("model.", "critic.", "gan_head.")))
+    assert len(full["optimizer_states"][0]["state"]) == n_trained  # AdamW state for student, critic and head only
+    text = "".join(p.read_text() for p in (tmp_path / "a").rglob("metrics.jsonl"))
+    assert "critic_gan_loss" in text and "gan_generator_loss" in text
 
 
 def test_init_from_fills_teacher_critic_and_student_with_the_teachers_ema(tmp_path):
@@ -237,22 +244,6 @@ def test_a_lora_distillation_names_every_frozen_weight_for_checkpoints_to_leave_
         adapters = [k for k in state if k.startswith(root + ".") and ".lora_" in k]
         assert adapters and not set(adapters) & frozen
         assert any(k.startswith(root + ".") for k in frozen)
-
-
-def test_the_gan_term_trains_its_head_with_the_critic_and_resumes_exactly(tmp_path):
-    straight = _train(tmp_path / "a", 4, gan_weight=0.01, gan_critic_weight=0.05)
-    _train(tmp_path / "b", 2, gan_weight=0.01, gan_critic_weight=0.05)
-    resumed = _train(tmp_path / "b", 4, gan_weight=0.01, gan_critic_weight=0.05)
-    a, full = _state(straight["checkpoint"])
-    b, _ = _state(resumed["checkpoint"])
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    head = {k for k in a if k.startswith("gan_head.")}
-    assert head == {f"gan_head.net.{i}.{w}" for i in (0, 1, 3) for w in ("weight", "bias")}
-    n_trained = sum(1 for k in a if k.startswith(("model.", "critic.", "gan_head.")))
-    assert len(full["optimizer_states"][0]["state"]) == n_trained  # the head is trained with the critic
-    logged = (tmp_path / "a").rglob("metrics.jsonl")
-    text = "".join(p.read_text() for p in logged)
-    assert "critic_gan_loss" in text and "gan_generator_loss" in text
 
 
 def test_the_generators_gan_term_leaves_the_critics_weights_alone():
