@@ -30,7 +30,14 @@ from megatron.energon.edataclass import edataclass
 
 from nemo_vfm.data.batch import PackedBatch, TokenSample, VideoBatch, patchify, wan_i2v_mask
 from nemo_vfm.data.packing import concat_packs, first_fit_decreasing, pack_samples, padded_length
-from nemo_vfm.data.schema import AUDIO_LATENT, IMAGE_LATENT, decode_audio, decode_image_latent, decode_parts, decode_pooled_text
+from nemo_vfm.data.schema import (
+    AUDIO_LATENT,
+    IMAGE_LATENT,
+    decode_audio,
+    decode_image_latent,
+    decode_parts,
+    decode_pooled_text,
+)
 
 log = logging.getLogger(__name__)
 

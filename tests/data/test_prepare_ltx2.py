@@ -7,7 +7,6 @@ mixed in)."""
 
 import json
 import math
-import shutil
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,8 +15,10 @@ import fiddle as fdl
 import numpy as np
 import pytest
 import torch
-
-from ltx2_folder import build_pipeline_folder, write_clip  # tests/data/ltx2_folder.py (pytest puts tests/data on the path)
+from ltx2_folder import (  # tests/data/ltx2_folder.py (pytest puts tests/data on the path)
+    build_pipeline_folder,
+    write_clip,
+)
 
 from nemo_vfm.data.prepare import MissingAudioError, PrepareConfig, prepare
 from nemo_vfm.tokenizers import audio_mel
