@@ -211,7 +211,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
                                    sampling)
         module.base_from_init = init_from is not None  # a LoRA base from init_from is saved (lora_checkpoint.py)
         callbacks, samples = _callbacks(model, data, trainer_cfg, log.dir, sampling, init_from, resume)
-        pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank)
+        pl_trainer = _lightning_trainer(trainer_cfg, callbacks, log, resume, lora, rank, distill)
         _fit(pl_trainer, module, data, resume, log, rank)
         return _summarise(pl_trainer, log.dir, trainer_cfg, samples, rank)
     finally:
@@ -358,7 +358,8 @@ def _callbacks(model, data, trainer_cfg: TrainerConfig, exp_dir: Path, sampling,
     return callbacks, samples
 
 
-def _lightning_trainer(trainer_cfg: TrainerConfig, callbacks: list, log: ExperimentConfig, resume, lora, rank: int):
+def _lightning_trainer(trainer_cfg: TrainerConfig, callbacks: list, log: ExperimentConfig, resume, lora, rank: int,
+                       distill=None):
     """The Lightning Trainer: strategy (ours where a sharded checkpoint is resumed), processes, precision."""
     import lightning as L
     import torch
@@ -377,13 +378,13 @@ def _lightning_trainer(trainer_cfg: TrainerConfig, callbacks: list, log: Experim
             print(f"{resume.name} is a sharded checkpoint: this run uses VFMParallelStrategy instead of "
                   f"strategy={trainer_cfg.strategy!r} to resume it")
     precision = trainer_cfg.precision
-    frozen_dtype = getattr(lora, "frozen_dtype", None)
-    if precision == "bf16-mixed" and not torch.cuda.is_available() and frozen_dtype is None:
-        precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs (frozen bf16 weights need it)
-    if frozen_dtype and "mixed" not in str(precision):
-        raise ValueError(f"lora.frozen_dtype={frozen_dtype!r} keeps the frozen weights in half precision, which "
-                         f"runs under autocast only; set trainer.precision='bf16-mixed' (now {precision!r}) or "
-                         "lora.frozen_dtype=None")
+    frozen_dtype, teacher_dtype = getattr(lora, "frozen_dtype", None), getattr(distill, "teacher_dtype", None)
+    if precision == "bf16-mixed" and not torch.cuda.is_available() and frozen_dtype is None and teacher_dtype is None:
+        precision = "32-true"  # bf16 autocast on CPU is slow and pointless for smoke runs (half weights need it)
+    for knob, value in (("lora.frozen_dtype", frozen_dtype), ("distill.teacher_dtype", teacher_dtype)):
+        if value and "mixed" not in str(precision):
+            raise ValueError(f"{knob}={value!r} keeps frozen weights in half precision, which runs under autocast "
+                             f"only; set trainer.precision='bf16-mixed' (now {precision!r}) or {knob}=None")
     exp_dir, t = log.dir, trainer_cfg
     loggers = [TensorBoardLogger(str(exp_dir), name="tb", version="")] if log.tensorboard else []
     return L.Trainer(

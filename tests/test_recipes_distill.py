@@ -32,7 +32,7 @@ def test_recipe_builds_and_serializes(name):
     assert recipe.init_from or fdl.build(recipe.model).pretrained  # a teacher to distil
     assert recipe.cond_dropout == 0.0 and "distill:" in YamlSerializer().serialize(recipe)
     if name == "distill_wan_14b":
-        assert recipe.lora.rank == 64 and recipe.trainer.strategy.fsdp
+        assert recipe.lora.rank == 64 and recipe.trainer.strategy.fsdp and recipe.distill.teacher_dtype == "bf16"
 
 
 def _launch(*args):

@@ -41,10 +41,16 @@ from nemo_vfm.diffusion.conditioning import null_condition
 from nemo_vfm.lightning.module import COND_KEYS, DiffusionModule
 
 
+TEACHER_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODULE_KNOBS = ("critic_lr", "teacher_dtype")  # read by the Lightning module, not by DMD2
+
+
 @dataclass(kw_only=True)
 class DistillConfig:
-    """DMD2's knobs (:class:`~nemo_vfm.diffusion.distillation.DMD2`, whose ``objective`` is the run's) and the
-    critic's learning rate (``None``: the optimizer's ``lr``)."""
+    """DMD2's knobs (:class:`~nemo_vfm.diffusion.distillation.DMD2`, whose ``objective`` is the run's), the
+    critic's learning rate (``None``: the optimizer's ``lr``) and the frozen teacher's weight dtype (``None``: as
+    built; ``"bf16"`` / ``"fp16"``: its floating weights held in half precision, half the memory, under a ``*-mixed``
+    precision only)."""
 
     num_steps: int = 4
     levels: tuple[float, ...] | None = None
@@ -56,16 +62,23 @@ class DistillConfig:
     gan_feature_block: int | None = None
     rho: float = 7.0
     critic_lr: float | None = None
+    teacher_dtype: str | None = None
 
     def __post_init__(self):
         if self.critic_lr is not None and not self.critic_lr > 0:
             raise ValueError(f"DistillConfig.critic_lr must be > 0 (or None: the optimizer's lr), got {self.critic_lr}")
+        if self.teacher_dtype == "fp8":
+            raise NotImplementedError("DistillConfig.teacher_dtype='fp8' (an FP8 frozen teacher) is not built; use "
+                                      "'bf16' (half the teacher's memory) or None")
+        if self.teacher_dtype not in TEACHER_DTYPES:
+            raise ValueError(f"DistillConfig.teacher_dtype must be one of {sorted(TEACHER_DTYPES, key=str)}, got "
+                             f"{self.teacher_dtype!r}")
 
     def dmd(self, objective):
         """The DMD2 objective over the teacher's ``objective`` (validates every knob)."""
         from nemo_vfm.diffusion.distillation import DMD2
 
-        return DMD2(objective=objective, **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "critic_lr"})
+        return DMD2(objective=objective, **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in MODULE_KNOBS})
 
 
 def student_generation(dmd) -> dict:
@@ -129,6 +142,10 @@ class DistillationModule(DiffusionModule):
                                           "parallelism only")
         base = self.build_network()
         self.teacher = copy.deepcopy(base).requires_grad_(False)
+        if self.distill.teacher_dtype is not None:  # (on the meta device too: the weights arrive cast)
+            for p in self.teacher.parameters():
+                if p.is_floating_point():
+                    p.data = p.data.to(TEACHER_DTYPES[self.distill.teacher_dtype])
         self.critic = self.with_lora(copy.deepcopy(base))
         self.model = self.with_lora(base)
         self.ema = self.ema_copy()

@@ -3,6 +3,7 @@ micro-batch's gradients are the DMD2 objective's, checkpoints that resume exactl
 networks, and the student's own sampler in previews, ``vfm generate`` and ``vfm evaluate``."""
 
 import argparse
+import math
 
 import lightning as L
 import pytest
@@ -158,21 +159,31 @@ def test_init_from_fills_teacher_critic_and_student_with_the_teachers_ema(tmp_pa
                                               enable_progress_bar=False),
                         log=ExperimentConfig(name="t", root=str(tmp_path), tensorboard=False))
     teacher_ema, _ = _state(teacher_run["checkpoint"])
-    seen = {}
+    for teacher_dtype, precision in ((None, "32-true"), ("bf16", "bf16-mixed")):  # a half-precision teacher too
+        seen = {}
 
-    class Capture(L.Callback):
-        def on_train_start(self, trainer, module):
-            for net in ("model", "critic", "teacher", "ema"):
-                seen[net] = {n: p.detach().clone() for n, p in getattr(module, net).named_parameters()}
+        class Capture(L.Callback):
+            def on_train_start(self, trainer, module):
+                for net in ("model", "critic", "teacher", "ema"):
+                    seen[net] = {n: p.detach().clone() for n, p in getattr(module, net).named_parameters()}
 
-    trainer = TrainerConfig(max_steps=1, accelerator="cpu", devices=1, precision="32-true", callbacks=[Capture()],
-                            enable_progress_bar=False)
-    train(model=_cfg(), data=_data(), trainer=trainer, objective=FlowMatching(shift=3.0), ema_decay=0.9,
-          init_from=teacher_run["checkpoint"], distill=DistillConfig(num_steps=2),
-          log=ExperimentConfig(name="s", root=str(tmp_path), tensorboard=False))
-    for net, params in seen.items():
-        assert all(torch.equal(p, teacher_ema[f"ema.{n}"]) for n, p in params.items()), net
+        trainer = TrainerConfig(max_steps=1, accelerator="cpu", devices=1, precision=precision, callbacks=[Capture()],
+                                enable_progress_bar=False)
+        result = train(model=_cfg(), data=_data(), trainer=trainer, objective=FlowMatching(shift=3.0), ema_decay=0.9,
+                       init_from=teacher_run["checkpoint"], distill=DistillConfig(num_steps=2, teacher_dtype=teacher_dtype),
+                       log=ExperimentConfig(name=f"s{teacher_dtype}", root=str(tmp_path), tensorboard=False))
+        assert math.isfinite(result["loss"])
+        for net, params in seen.items():
+            dtype = torch.bfloat16 if net == "teacher" and teacher_dtype else torch.float32
+            assert all(p.dtype == dtype and torch.equal(p, teacher_ema[f"ema.{n}"].to(dtype)) for n, p in params.items()), net
     assert not all(torch.equal(teacher_ema[f"ema.{n}"], teacher_ema[f"model.{n}"]) for n in seen["model"])
+    with pytest.raises(ValueError, match="distill.teacher_dtype='bf16' keeps frozen weights in half precision"):
+        train(model=_cfg(), data=_data(), trainer=TrainerConfig(max_steps=1, accelerator="cpu", precision="32-true"),
+              distill=DistillConfig(teacher_dtype="bf16"), log=ExperimentConfig(name="x", root=str(tmp_path)))
+    with pytest.raises(NotImplementedError, match="FP8 frozen teacher"):
+        DistillConfig(teacher_dtype="fp8")
+    with pytest.raises(ValueError, match="teacher_dtype must be one of"):
+        DistillConfig(teacher_dtype="int8")
 
 
 @pytest.mark.parametrize("objective", [EDM(), FlowMatching(shift=3.0)], ids=["edm", "flow"])

@@ -12,7 +12,7 @@ LAYOUTS = {
 }
 
 
-def _distil(rank, world, root, layouts, gan=None):
+def _distil(rank, world, root, layouts, gan=None, precision="32-true"):
     import lightning as L
     from torch.distributed.tensor import DTensor
 
@@ -42,12 +42,13 @@ def _distil(rank, world, root, layouts, gan=None):
             def on_train_end(self, trainer, module):
                 for net in ("model", "critic", "teacher", "ema") + (("gan_head",) if gan else ()):
                     self.seen[net] = {clean_name(n): full(p) for n, p in getattr(module, net).named_parameters()}
+                self.seen["teacher_dtypes"] = {p.dtype for p in module.teacher.parameters()}
 
         model = DiTConfig(num_layers=2, hidden_size=32, num_heads=4, in_channels=4, context_dim=16)
         data = MockLatentDataModule(latent_channels=4, num_frames=2, height=4, width=4, context_dim=16,
                                     context_length=3, batch_size=2, num_samples=16)
         strategy = VFMParallelStrategy(param_dtype=None, **kw) if world > 1 else "auto"
-        trainer = TrainerConfig(max_steps=4, devices=world, accelerator="cpu", precision="32-true", strategy=strategy,
+        trainer = TrainerConfig(max_steps=4, devices=world, accelerator="cpu", precision=precision, strategy=strategy,
                                 gradient_clip_val=1.0, callbacks=[Capture(seen)], enable_progress_bar=False,
                                 checkpoint_every_n_steps=100, final_checkpoint=False)
         train(model=model, data=data, trainer=trainer, objective=FlowMatching(shift=3.0), ema_decay=0.9,
@@ -85,13 +86,17 @@ def test_distillation_layouts_train_like_one_process(reference, tmp_path):
 
 
 
-def test_the_gan_heads_stay_replicated_under_fsdp(tmp_path):
+def test_the_gan_heads_stay_replicated_and_a_bf16_teacher_runs_under_fsdp(tmp_path):
     """Under data parallel + FSDP (each rank its own samples) the GAN head, a replicated module beside the sharded
-    networks, starts the same on every rank and its gradients are averaged, so it stays the same; it trains."""
+    networks, starts the same on every rank and its gradients are averaged, so it stays the same; it trains. The
+    teacher is held in bf16 (``teacher_dtype``, under bf16 autocast) and stays as loaded."""
     import torch
 
-    gan = dict(gan_weight=0.01, gan_critic_weight=0.05)
-    results = run_distributed(_distil, 2, str(tmp_path), {"DP2 + FSDP": {}}, gan)
+    gan = dict(gan_weight=0.01, gan_critic_weight=0.05, teacher_dtype="bf16")
+    results = run_distributed(_distil, 2, str(tmp_path), {"DP2 + FSDP": {}}, gan, "bf16-mixed")
+    for r in results:
+        assert r["DP2 + FSDP"]["teacher_dtypes"] == {torch.bfloat16}
+        assert _max_err(r["DP2 + FSDP"]["teacher"], r["DP2 + FSDP"]["teacher0"]) == 0
     heads = [r["DP2 + FSDP"]["gan_head"] for r in results]
     assert _max_err(heads[0], heads[1]) == 0
     assert _max_err(results[0]["DP2 + FSDP"]["gan_head0"], results[1]["DP2 + FSDP"]["gan_head0"]) == 0
