@@ -40,7 +40,6 @@ import torch
 from nemo_vfm.diffusion.conditioning import null_condition
 from nemo_vfm.lightning.module import COND_KEYS, DiffusionModule
 
-
 TEACHER_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODULE_KNOBS = ("critic_lr", "teacher_dtype")  # read by the Lightning module, not by DMD2
 
