@@ -163,7 +163,7 @@ def test_init_from_fills_teacher_critic_and_student_with_the_teachers_ema(tmp_pa
         seen = {}
 
         class Capture(L.Callback):
-            def on_train_start(self, trainer, module):
+            def on_train_start(self, trainer, module, seen=seen):
                 for net in ("model", "critic", "teacher", "ema"):
                     seen[net] = {n: p.detach().clone() for n, p in getattr(module, net).named_parameters()}
 
