@@ -191,6 +191,12 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     if trainer_cfg.memory_budget_gb is not None:  # before anything is built: sets the chosen knobs on the configs
         from nemo_vfm.lightning.memory_budget import apply_memory_budget
 
+        if distill is not None:
+            raise NotImplementedError("trainer.memory_budget_gb estimates one trained network; DMD2 holds three "
+                                      "(student, critic, frozen teacher), which it does not model yet; set "
+                                      "trainer.memory_budget_gb=None and choose the memory knobs by hand "
+                                      "(activation_checkpointing, lora.frozen_dtype, distill.teacher_dtype)")
+
         apply_memory_budget(trainer_cfg.memory_budget_gb, model=model, data=data, trainer=trainer_cfg, optim=optim,
                             lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), ema=bool(ema_decay),
                             verbose=rank == 0)

@@ -225,7 +225,7 @@ def test_cli_samples_a_student_its_way_and_refuses_contradicting_flags(capsys):
 
 def test_bad_distillation_settings_fail_before_anything_is_built(tmp_path):
     from nemo_vfm.diffusion.first_frame import FirstFrameFlowMatching
-    from nemo_vfm.train import ExperimentConfig, train
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
 
     log = ExperimentConfig(name="x", root=str(tmp_path), tensorboard=False)
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
@@ -235,6 +235,9 @@ def test_bad_distillation_settings_fail_before_anything_is_built(tmp_path):
               distill=DistillConfig(), log=log)
     with pytest.raises(ValueError, match="critic_lr must be > 0"):
         DistillConfig(critic_lr=0.0)
+    with pytest.raises(NotImplementedError, match="DMD2 holds three"):
+        train(model=_cfg(), data=_data(), distill=DistillConfig(), log=log,
+              trainer=TrainerConfig(max_steps=1, accelerator="cpu", memory_budget_gb=24))
     assert not (tmp_path / "x").exists()
 
 
