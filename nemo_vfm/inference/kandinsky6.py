@@ -30,10 +30,14 @@ the pipeline does; the latent is the VAE posterior's mode (the pipeline draws a 
 sound the generator first skips the draw the pipeline spends on that sample, so the video and audio noise are the
 pipeline's.
 
-Not built (they raise saying so, before the weights load): sound under several processes (``--cp``, ``--tp``,
-``--cfg-parallel``: pass ``--no-audio``), sound with a sampler other than ``flow-euler``, a folder with only one of
-``audio_vae/`` and ``vocoder/``, distilled folders (``PiflowScheduler``) and schedulers with dynamic shifting or
-other sigma schedules.
+Under torchrun with ``--cp N`` every rank runs the same loop on the same noise while the network splits the video
+tokens over the CP ranks (the family's CP plan: the audio stream and the text are replicated on every rank); rank 0
+encodes the text and decodes the sound.
+
+Not built (they raise saying so, before the weights load): sound with ``--cfg-parallel`` or ``--tp`` (pass
+``--no-audio``), sound with a sampler other than ``flow-euler``, a folder with only one of ``audio_vae/`` and
+``vocoder/``; also refused: distilled folders (``PiflowScheduler``) and schedulers with dynamic shifting or other
+sigma schedules.
 
 Legend: N prompts, L text tokens (1024), C latent channels, (t, h, w) latent size, La audio latent frames, Ca audio
 latent channels.
@@ -296,9 +300,9 @@ def _check_run(info, args, layout) -> None:
         missing = next(d for d in AUDIO_PARTS if d not in parts)
         raise ValueError(f"{info.path} has {parts[0]}/ but no {missing}/: Kandinsky 6 sound needs both; copy the "
                          f"pipeline's {missing}/ beside it, or pass --no-audio for video only")
-    if layout.world_size > 1:
-        raise NotImplementedError("Kandinsky 6 sound is not built for several processes (--cp, --tp, --cfg-parallel); "
-                                  "pass --no-audio to generate video only there, or generate with sound on one process")
+    if layout.cfg_parallel or layout.tp > 1:
+        raise NotImplementedError("Kandinsky 6 sound is not built with --cfg-parallel or --tp (--cp N is: the audio "
+                                  "stream is replicated on every rank); drop them, or pass --no-audio for video only")
     if args.sampler not in (None, "flow-euler"):
         raise ValueError(f"--sampler {args.sampler}: Kandinsky 6 with sound samples with its pipeline's Euler steps "
                          "(flow-euler); drop --sampler, or pass --no-audio")

@@ -3,7 +3,7 @@ MMAudioVocoder added (``audio_vae/``, ``vocoder/``, ``model_index.json``), ``gen
 pipeline's video and audio latents (``sample_audio=True``, its default guidance, the noise from the same seeded
 generator) and its waveform, from prompts alone and from a prompt and an image; ``--no-audio``'s path is the
 pipeline's ``sample_audio=False``; ``vfm generate`` writes an mp4 with an audio track and a wav (video only with
-``--no-audio``); sound under several processes is refused before the weights load."""
+``--no-audio``); sound with --cfg-parallel or --tp is refused before the weights load."""
 
 import json
 import shutil
@@ -161,7 +161,7 @@ def test_a_folder_without_audio_says_so_once(folder, tmp_path, capsys):  # noqa:
     assert _audio_streams(mp4) == 0 and not list(out.rglob("*.wav"))
 
 
-def test_sound_under_several_processes_is_refused(audio_folder, tmp_path):
+def test_sound_with_cfg_parallel_or_tp_is_refused(audio_folder, tmp_path):
     from nemo_vfm.inference.checkpoint import read_checkpoint_info
     from nemo_vfm.inference.distributed import InferenceLayout
     from nemo_vfm.inference.families import generation_of
@@ -169,10 +169,11 @@ def test_sound_under_several_processes_is_refused(audio_folder, tmp_path):
     info = read_checkpoint_info(audio_folder)
     check = generation_of(info).check_run
     args = SimpleNamespace(no_audio=False, sampler=None)
-    for layout in (InferenceLayout(cp=2), InferenceLayout(cfg_parallel=True)):
+    for layout in (InferenceLayout(tp=2), InferenceLayout(cfg_parallel=True)):
         with pytest.raises(NotImplementedError, match="--no-audio"):
             check(info, args, layout)
         check(info, SimpleNamespace(no_audio=True, sampler=None), layout)  # video only: as before
+    check(info, args, InferenceLayout(cp=2))  # CP: test_kandinsky6_cp_generation
     check(info, args, InferenceLayout())
     with pytest.raises(ValueError, match="flow-euler"):
         check(info, SimpleNamespace(no_audio=False, sampler="unipc"), InferenceLayout())
