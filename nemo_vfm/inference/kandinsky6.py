@@ -14,7 +14,8 @@ no audio parts):
    ``template="kandinsky6"``: 129 template tokens cropped, 1024 prompt tokens) and CLIP's pooled output
    (:class:`~nemo_vfm.tokenizers.clip_pooled.ClipPooledEncoder`); the negative prompt is the pipeline's default;
 2. denoise: Euler on the grid of the folder's ``FlowMatchEulerDiscreteScheduler`` (its ``shift``; ``FlowMatching``
-   with ``euler_grid="diffusers"``), guidance ``u + g (c - u)`` (the pipeline's ``guidance_scale``, default 5).
+   with ``euler_grid="diffusers"``; ``--steps`` default 50, the pipeline's), guidance ``u + g (c - u)`` (the
+   pipeline's ``guidance_scale``, default 5).
    Video only: the transformer runs its video path, from ``--seed``'s noise ``(N, C, t, h, w)``. With sound: video
    and audio latents together, the same timestep, the same guidance scale and the same Euler steps for both
    streams; the noise comes from one CPU generator seeded with ``--seed`` in the pipeline's order and layout
@@ -55,7 +56,7 @@ import torch
 from nemo_vfm.inference.generation import FamilyGeneration, timed_generation
 
 KANDINSKY6_FPS = 24.0  # the pipeline's frame_rate default
-FRAMES, HEIGHT, WIDTH, GUIDANCE = 121, 512, 768, 5.0  # the pipeline's defaults
+FRAMES, HEIGHT, WIDTH, GUIDANCE, STEPS = 121, 512, 768, 5.0, 50  # the pipeline's defaults
 # diffusers' Kandinsky6TI2VAPipeline._DEFAULT_NEGATIVE_PROMPT
 NEGATIVE_PROMPT = ("Static, 2D cartoon, cartoon, 2d animation, paintings, images, "
                    "worst quality, low quality, ugly, deformed, walking backwards")
@@ -347,4 +348,5 @@ def _takes_image(info) -> str:
 
 
 GENERATION = FamilyGeneration(family="kandinsky6", kind="kandinsky6", published_info=kandinsky6_checkpoint_info,
-                              image=_takes_image, sampler=_sampler, check_run=_check_run)
+                              image=_takes_image, sampler=_sampler, check_run=_check_run,
+                              sampling_defaults={"default_steps": STEPS, "default_guidance": GUIDANCE})
