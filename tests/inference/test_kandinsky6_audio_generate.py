@@ -182,3 +182,11 @@ def test_sound_with_cfg_parallel_or_tp_is_refused(audio_folder, tmp_path):
     shutil.copytree(audio_folder / "audio_vae", half / "audio_vae")
     with pytest.raises(ValueError, match="no vocoder/"):
         check(read_checkpoint_info(half), args, InferenceLayout())
+
+
+def test_no_audio_is_refused_for_ltx2():
+    from nemo_vfm.inference.ltx2 import GENERATION
+
+    with pytest.raises(ValueError, match="LTX-2 samples video and sound together"):
+        GENERATION.check_run(None, SimpleNamespace(no_audio=True), None)
+    GENERATION.check_run(None, SimpleNamespace(no_audio=False), None)
