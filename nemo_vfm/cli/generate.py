@@ -16,6 +16,8 @@
     vfm generate --ckpt /models/Cosmos-Predict2.5-2B --prompt "..." --video clip.mp4 [--cond-frames 1] --guidance 8
     # HunyuanVideo 1.5 pipeline folders: T2V, or I2V folders with --image (the release's guidance is 6)
     vfm generate --ckpt /models/HunyuanVideo-1.5-480p_t2v --prompt 'a shop sign that says "OPEN"' --guidance 6
+    # Kandinsky 6 pipeline folders: video with sound when the folder has audio_vae/ and vocoder/ (--no-audio: video only)
+    vfm generate --ckpt /models/Kandinsky-6-Lite --prompt "rain on a tin roof" [--image first.png] [--no-audio]
     # LTX-2 pipeline folders: video with sound (an mp4 with an audio track and a wav per prompt), optionally from an image
     vfm generate --ckpt /models/LTX-2 --prompt "a drummer on a rooftop at dusk" [--image first.png]
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
@@ -35,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders: 30; a distilled "
-                                                            "student: its own)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders: 30; Kandinsky 6 "
+                                                            "folders: 50; a distilled student: its own)")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 5; "
                                                                 "LTX-2 folders: the video's, default 3, the audio's "
                                                                 "stays 7; a distilled student: 1)")
@@ -74,7 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flow-shift", type=float, default=None, help="flow-matching time shift of the sampler (default: "
                                                                    "the checkpoint's; Wan: 5.0, Wan I2V 480p: 3.0)")
     p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V, "
-                                   "Cosmos and LTX-2 folders): the first frame")
+                                   "Cosmos, LTX-2 and Kandinsky 6 folders): the first frame")
+    p.add_argument("--no-audio", action="store_true",
+                   help="Kandinsky 6 folders with audio_vae/ and vocoder/: video only (the pipeline's "
+                        "sample_audio=False); without it they sample video and sound together")
     p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
                                    "generation size)")
     p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "
@@ -285,6 +290,10 @@ def _run(args) -> int:
                                        cp_kind=args.cp_kind)
     if layout.cfg_parallel and args.guidance == 1.0:
         raise ValueError("--cfg-parallel needs classifier-free guidance; set --guidance above 1 or drop --cfg-parallel")
+    if family.check_run is not None and info.kind == family.kind:
+        family.check_run(info, args, layout)  # flags and layout the family refuses, before the weights load
+    elif getattr(args, "no_audio", False) and os.environ.get("RANK", "0") == "0":
+        print("vfm generate: warning: --no-audio has no effect: this checkpoint generates video only")
     rank, world, device = init_distributed(args.device)
     try:
         from nemo_vfm.data.encoders import build_tokenizer

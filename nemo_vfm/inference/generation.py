@@ -78,7 +78,9 @@ class FamilyGeneration:
     applies to those folders only (the family's other checkpoints generate as text-to-video). ``compile_on_cuda``: the
     default of ``--compile`` on CUDA for its published folders. ``image(info)``: whether the checkpoint takes a
     first frame, one of :data:`IMAGE_INPUTS`; ``video``: it takes a conditioning clip (``--video``,
-    ``--cond-frames``). ``check(info)``: raises naming what a published folder lacks for generation;
+    ``--cond-frames``). ``check(info)``: raises naming what a published folder lacks for generation; ``check_run(info, args,
+    layout)``: raises, before the weights load, naming what the family does not sample with these flags
+    (``--no-audio``, ``--sampler``) on this layout;
     ``image_size(info, image)``: the generation size an image gives when none is asked for. ``export_published``:
     its published folders may be exported (``--export-safetensors``), else they are refused as not a training run
     (used as they are). ``sampler(ctx)``: set up
@@ -96,6 +98,7 @@ class FamilyGeneration:
     image: Callable = lambda info: "none"
     video: bool = False
     check: Callable | None = None
+    check_run: Callable | None = None
     image_size: Callable | None = None
     export_published: bool = True
     sampler: Callable = default_sampler

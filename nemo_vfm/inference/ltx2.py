@@ -358,8 +358,13 @@ def _sampler(ctx):
     return sample
 
 
+def _check_run(info, args, layout) -> None:
+    if getattr(args, "no_audio", False):
+        raise ValueError("--no-audio: LTX-2 samples video and sound together (video only is not built); drop it")
+
+
 GENERATION = FamilyGeneration(family="ltx2", kind="ltx2", published_info=ltx2_checkpoint_info, published_only=True,
-                              check=_check, sampler=_sampler, image=lambda info: "optional",
+                              check=_check, check_run=_check_run, sampler=_sampler, image=lambda info: "optional",
                               sampling_defaults={"default_steps": STEPS, "default_guidance": LTX2Guidance().video_cfg})
 TRAINED = FamilyGeneration(
     family="ltx2",
