@@ -24,10 +24,25 @@ an image) follows ``missing_audio``: ``"skip"`` (default) records it as a failed
 meta says ``audio.status == "missing"``; the loader gives it an all-zero placeholder and a False ``audio_mask``, so
 the objective trains its video stream only); ``"error"`` stops the run naming the clip (finished shards are kept).
 A rerun with another ``missing_audio`` retries the clips skipped for lacking audio.
+
+LTX-2 IC-LoRA: ``reference_dir=DIR`` (folder inputs only) holds each clip's reference (control) video, e.g. depth, pose
+or canny: the reference of ``<input>/<sub>/<stem>.<ext>`` is ``DIR/<sub>/<stem>.<any video or image ext>`` (same
+relative path and stem; the release's trainer names it in a ``reference_video`` column instead). Its first
+``num_frames`` frames (the clip's frames kept; the same frame rate within 1%) are resized (cover) and centre-cropped to
+the clip's prepared height and width divided by ``reference_downscale`` (``LTX2ICLoraPipeline``: ``height //
+reference_downscale_factor``), encoded by the same tokenizer (VAE + normalisation) and stored as
+``reference_latent.npy (C, t, h / k, w / k)``; ``meta.reference`` records its file, shape and ``downscale``, and
+``.prepare/config.json`` the ``reference_downscale`` (the loader checks it against ``model.reference_downscale``).
+With ``reference_downscale=k`` the clip's height and width are cut to multiples of ``k x`` the VAE's spatial compression
+x the patch, so the reference's latent grid is exactly the clip's divided by ``k``. A clip without a reference (or with
+a shorter one) follows ``missing_reference``: ``"skip"`` (default) records it as a failed input (reason "no reference
+video"; a rerun retries it once its reference appears: the reference file is part of the clip's fingerprint);
+``"error"`` stops the run naming the clip.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -42,17 +57,23 @@ import torch
 from nemo_vfm.data.batch import wan_i2v_image_latents, wan_i2v_mask
 from nemo_vfm.data.schema import IMAGE_CONDITIONS, LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
-from nemo_vfm.data.sources import InputItem, iter_inputs
+from nemo_vfm.data.sources import IMAGE_EXTS, VIDEO_EXTS, InputItem, iter_inputs, read_image
 from nemo_vfm.io.jsonl import write_atomic
 from nemo_vfm.io.run_lock import acquire
 
 log = logging.getLogger(__name__)
 MISSING_AUDIO = ("skip", "video_only", "error")
 NO_AUDIO = "no audio track"  # the start of the reason recorded for a clip skipped with missing_audio=skip
+MISSING_REFERENCE = ("skip", "error")
+NO_REFERENCE = "no reference video"  # the start of the reason recorded for a clip skipped with missing_reference=skip
 
 
 class MissingAudioError(ValueError):
     """A clip has no audio track and ``missing_audio="error"``: stops ``vfm prepare``."""
+
+
+class MissingReferenceError(ValueError):
+    """A clip has no (usable) reference video and ``missing_reference="error"``: stops ``vfm prepare``."""
 
 
 @dataclass(kw_only=True)
@@ -76,12 +97,15 @@ class PrepareConfig:
     clip_pooled: str | None = None  # a CLIP text encoder folder (or a pipeline's text_encoder_2/): its pooled text too
     audio_vae: str | None = None  # an LTX-2 pipeline folder (audio_vae/) or audio VAE folder: audio latents too
     missing_audio: str = "skip"  # with audio_vae, a clip without audio: "skip" | "video_only" | "error"
+    reference_dir: str | None = None  # LTX-2 IC-LoRA: a folder of reference videos named like the clips (docstring)
+    reference_downscale: int = 1  # references at 1/k of the clip's height and width (model.reference_downscale)
+    missing_reference: str = "skip"  # with reference_dir, a clip without a reference: "skip" | "error"
     device: str = "cpu"
     index: bool = True
     progress: bool = True
 
     def __post_init__(self):
-        for name in ("samples_per_shard", "max_frames", "height", "width"):  # from the CLI: reject "abc", 2.5, true
+        for name in ("samples_per_shard", "max_frames", "height", "width", "reference_downscale"):  # from the CLI: reject "abc", 2.5, true
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"PrepareConfig.{name} must be an integer, got {v!r}")
@@ -99,6 +123,21 @@ class PrepareConfig:
                              f"got {self.image_condition!r}")
         if self.missing_audio not in MISSING_AUDIO:
             raise ValueError(f"PrepareConfig.missing_audio must be one of {MISSING_AUDIO}, got {self.missing_audio!r}")
+        if self.missing_reference not in MISSING_REFERENCE:
+            raise ValueError(f"PrepareConfig.missing_reference must be one of {MISSING_REFERENCE}, got "
+                             f"{self.missing_reference!r}")
+        if self.reference_downscale < 1:
+            raise ValueError(f"PrepareConfig.reference_downscale must be >= 1, got {self.reference_downscale}")
+        if self.reference_dir is None and (self.reference_downscale != 1 or self.missing_reference != "skip"):
+            raise ValueError("PrepareConfig.reference_downscale and missing_reference apply to reference videos; "
+                             "give reference_dir=DIR (a folder of reference videos named like the clips) or drop them")
+        if self.reference_dir is not None and not Path(self.reference_dir).is_dir():
+            raise FileNotFoundError(f"PrepareConfig.reference_dir {self.reference_dir} is not a folder; give the folder "
+                                    "of reference videos (the reference of <input>/<sub>/<stem>.mp4 is "
+                                    "<reference_dir>/<sub>/<stem>.mp4)")
+        if self.reference_dir is not None and (Path(self.input).suffix == ".tar" or any(Path(self.input).glob("*.tar"))):
+            raise ValueError(f"PrepareConfig.reference_dir works with a folder of clips; {self.input} holds webdataset "
+                             "shards, whose samples have no path to name a reference by: unpack them into a folder")
         if self.latent_dtype not in LATENT_DTYPES:
             raise ValueError(f"PrepareConfig.latent_dtype must be one of {LATENT_DTYPES}, got {self.latent_dtype!r}")
         if self.samples_per_shard < 1:
@@ -199,12 +238,19 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
     sc = tokenizer.spatial_compression
     if ph != pw:
         raise ValueError(f"patch_multiple h and w must match, got {cfg.patch_multiple}")
-    video = _resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph)
+    k = cfg.reference_downscale if cfg.reference_dir else 1  # the reference's grid is the clip's divided by k
+    video = _resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph * k)
+    reference, reference_meta = _reference(item, cfg, tokenizer, n, fps, video) if cfg.reference_dir else (None, None)
     audio_latent, audio_meta = _audio(item, cfg, audio_vae, n, fps) if audio_vae is not None else (None, None)
     with torch.no_grad():
         latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
     if not torch.isfinite(latent).all():
         raise ValueError("tokenizer produced non-finite latents")
+    if reference is not None:
+        c, t, h, w = latent.shape
+        if tuple(reference.shape) != (c, t, h // k, w // k):
+            raise ValueError(f"reference latents {tuple(reference.shape)} of {reference_meta['source']} are not the "
+                             f"clip's {(c, t, h, w)} at 1/{k} of its height and width")
     image = _image_latents(cfg, tokenizer, video, latent) if cfg.image_condition else None
     audio_emb = None
     if getattr(text_encoder, "audio_context", False):  # LTX-2: the audio stream's text too
@@ -220,11 +266,62 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
                       height=int(video.shape[2]), width=int(video.shape[3]), clip_span=span,
                       latent_shape=tuple(int(v) for v in latent.shape), is_image=item.is_image,
                       tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra,
-                      image_condition=cfg.image_condition, audio=audio_meta)
+                      image_condition=cfg.image_condition, audio=audio_meta, reference=reference_meta)
     parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype,
                           image_latent=None if image is None else image.numpy(), pooled_text=pooled,
-                          audio_latent=audio_latent, audio_text_emb=audio_emb)
+                          audio_latent=audio_latent, audio_text_emb=audio_emb,
+                          reference_latent=None if reference is None else reference.numpy())
     return parts, meta
+
+
+def reference_path(item: InputItem, reference_dir: str | Path) -> Path | None:
+    """The reference file of a folder input: ``reference_dir/<sub>/<stem>.<video or image ext>``, None if absent;
+    two candidates (``a.mp4`` and ``a.mov``) are refused as ambiguous."""
+    rel = Path(item.source)
+    folder = Path(reference_dir) / rel.parent
+    found = sorted(p for p in folder.glob(f"{glob.escape(rel.stem)}.*")
+                   if p.is_file() and p.suffix.lower() in VIDEO_EXTS + IMAGE_EXTS) if folder.is_dir() else []
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} reference files for {item.source} in {folder} "
+                         f"({', '.join(p.name for p in found)}); keep one")
+    return found[0] if found else None
+
+
+def _reference(item: InputItem, cfg: PrepareConfig, tokenizer, n: int, fps: float,
+               video: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """IC-LoRA: latents ``(C, t, h / k, w / k)`` of the clip's reference over its first ``n`` frames, resized to the
+    clip's ``(H / k, W / k)`` (``video (3, n, H, W)``), and ``meta["reference"]``; a missing or unusable reference
+    follows ``cfg.missing_reference``."""
+    from nemo_vfm.io.video import frames_to_tensor, read_video
+
+    k = cfg.reference_downscale
+    rel = Path(item.source).with_suffix(".*")
+    try:
+        path = reference_path(item, cfg.reference_dir)
+        if path is None:
+            raise ValueError(f"{NO_REFERENCE} ({Path(cfg.reference_dir) / rel} does not exist)")
+        frames, ref_fps = read_image(path) if path.suffix.lower() in IMAGE_EXTS else read_video(path)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < n:
+            raise ValueError(f"{NO_REFERENCE} of {n} frames ({path} has {frames.shape[0]} frames of shape "
+                             f"{tuple(frames.shape[1:])}; the clip keeps {n})")
+        if n > 1 and fps and ref_fps and abs(ref_fps - fps) > 0.01 * fps:
+            raise ValueError(f"{NO_REFERENCE} at the clip's frame rate ({path} runs at {ref_fps:g} fps, the clip at "
+                             f"{fps:g}); re-encode the reference at the clip's rate")
+    except ValueError as e:
+        if cfg.missing_reference == "error":
+            raise MissingReferenceError(f"{item.source}: {e} (missing_reference=error); pass missing_reference=skip "
+                                        "to leave such clips out") from e
+        raise ValueError(f"{e}; missing_reference=skip") from e
+    _, _, height, width = video.shape
+    sc, ph = tokenizer.spatial_compression, cfg.patch_multiple[1]
+    ref = _resize_crop(frames_to_tensor(np.array(frames[:n])), height // k, width // k, sc * ph)
+    with torch.no_grad():
+        ref_latent = tokenizer.encode(ref[None].to(cfg.device))[0].float().cpu()
+    if not torch.isfinite(ref_latent).all():
+        raise ValueError(f"tokenizer produced non-finite latents for the reference {path}")
+    meta = {"source": str(path.relative_to(cfg.reference_dir)), "latent_shape": list(ref_latent.shape),
+            "downscale": k, "height": int(ref.shape[2]), "width": int(ref.shape[3])}
+    return ref_latent, meta
 
 
 def _audio(item: InputItem, cfg: PrepareConfig, audio_vae, n: int, fps: float) -> tuple[np.ndarray | None, dict]:
@@ -266,8 +363,8 @@ def _image_latents(cfg: PrepareConfig, tokenizer, video: torch.Tensor, latent: t
 
 
 def _check_same_format(out: Path, cfg: PrepareConfig) -> None:
-    """A resumed output keeps the ``image_condition`` and ``audio_vae`` (set or not) its finished shards were
-    written with."""
+    """A resumed output keeps the ``image_condition``, ``audio_vae`` (set or not) and ``reference_dir`` (set or not,
+    with its ``reference_downscale``) its finished shards were written with."""
     old_file = out / STATE_DIR / "config.json"
     old = json.loads(old_file.read_text()) if old_file.is_file() else {}
     if not any(out.glob("*.tar")):
@@ -275,9 +372,24 @@ def _check_same_format(out: Path, cfg: PrepareConfig) -> None:
     if old.get("image_condition") != cfg.image_condition:
         raise ValueError(f"output {out} was prepared with image_condition={old.get('image_condition')}; resume it with "
                          f"the same setting or give another output= for image_condition={cfg.image_condition}")
+    old_k = old.get("reference_downscale") if old.get("reference_dir") else None
+    if old_k != (cfg.reference_downscale if cfg.reference_dir else None):
+        was = f"with reference_dir= and reference_downscale={old_k}" if old_k else "without reference_dir="
+        raise ValueError(f"output {out} was prepared {was}; resume it the same way or give another output=")
     if bool(old.get("audio_vae")) != bool(cfg.audio_vae):
         raise ValueError(f"output {out} was prepared {'with' if old.get('audio_vae') else 'without'} audio_vae=; resume "
                          f"it the same way or give another output=")
+
+
+def _reference_fingerprint(item: InputItem, reference_dir: str) -> str:
+    try:
+        path = reference_path(item, reference_dir)
+    except ValueError as e:  # ambiguous: encode_item records it
+        return str(e)
+    if path is None:
+        return "none"
+    st = path.stat()
+    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def unique_key(key: str, source: str, seen) -> str:
@@ -340,7 +452,9 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
                 "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype,
                 "image_condition": cfg.image_condition, "clip_pooled": cfg.clip_pooled, "audio_vae": cfg.audio_vae,
-                "missing_audio": cfg.missing_audio}
+                "missing_audio": cfg.missing_audio, "reference_dir": cfg.reference_dir,
+                "reference_downscale": cfg.reference_downscale if cfg.reference_dir else None,
+                "missing_reference": cfg.missing_reference}
         write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
@@ -353,7 +467,8 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                position=rank if world_size > 1 else None)
     seen: dict[str, str] = {}  # key -> source; every rank sees every input, so all agree on the keys
     try:
-        for i, item in enumerate(iter_inputs(cfg.input, exclude=[out])):
+        refs = [Path(cfg.reference_dir)] if cfg.reference_dir else []
+        for i, item in enumerate(iter_inputs(cfg.input, exclude=[out, *refs])):
             key = unique_key(item.key, item.source, seen)
             if key != item.key:
                 if rank == 0:
@@ -364,6 +479,8 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
             seen[key] = item.source
             if i % world_size != rank:
                 continue
+            if cfg.reference_dir:  # a reference added or changed later retries a clip that failed without it
+                item.fingerprint += f";reference:{_reference_fingerprint(item, cfg.reference_dir)}"
             if key in done:
                 skipped += 1
                 continue
@@ -374,7 +491,7 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                 continue
             try:
                 parts, _ = encode_item(item, cfg, tokenizer, text_encoder, pooled_encoder, audio_vae)
-            except MissingAudioError:  # missing_audio=error: stop; finished samples are kept and the run resumes
+            except (MissingAudioError, MissingReferenceError):  # =error: stop; finished samples are kept, resumable
                 writer.flush()
                 raise
             except Exception as e:  # a corrupt input must not stop the run: record it with its reason
