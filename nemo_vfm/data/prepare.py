@@ -36,8 +36,8 @@ reference_downscale_factor``), encoded by the same tokenizer (VAE + normalisatio
 With ``reference_downscale=k`` the clip's height and width are cut to multiples of ``k x`` the VAE's spatial compression
 x the patch, so the reference's latent grid is exactly the clip's divided by ``k``. A clip without a reference (or with
 a shorter one) follows ``missing_reference``: ``"skip"`` (default) records it as a failed input (reason "no reference
-video"; a rerun retries it once its reference appears: the reference file is part of the clip's fingerprint);
-``"error"`` stops the run naming the clip.
+video"; a rerun retries it once its reference appears: the reference file is part of the clip's fingerprint, and
+a rerun with ``missing_reference=error`` retries it too); ``"error"`` stops the run naming the clip.
 """
 
 from __future__ import annotations
@@ -486,8 +486,10 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                 continue
             prev = failed.get(key)
             if (prev is not None and item.fingerprint and prev.get("fingerprint") == item.fingerprint
-                    and not (cfg.missing_audio != "skip" and prev.get("reason", "").startswith(f"ValueError: {NO_AUDIO}"))):
-                skipped_failed += 1  # failed before and unchanged since: not retried (unless skipped for no audio)
+                    and not (cfg.missing_audio != "skip" and prev.get("reason", "").startswith(f"ValueError: {NO_AUDIO}"))
+                    and not (cfg.missing_reference != "skip"
+                             and prev.get("reason", "").startswith(f"ValueError: {NO_REFERENCE}"))):
+                skipped_failed += 1  # failed before, unchanged since: not retried (unless another policy now applies)
                 continue
             try:
                 parts, _ = encode_item(item, cfg, tokenizer, text_encoder, pooled_encoder, audio_vae)

@@ -126,6 +126,8 @@ def test_missing_reference_policies_and_resume(prepared, clips, ltx2_dir, tmp_pa
     assert _samples(out)["c"]["reference_latent.npy"].shape == (8, 3, 2, 2)
     with pytest.raises(ValueError, match="was prepared with reference_dir= and reference_downscale=2"):
         _prepare(raw, out, ltx2_dir, audio_vae=None, reference_downscale=1)
+    with pytest.raises(MissingReferenceError, match=r"d\.mp4: no reference video of 9 frames.*missing_reference=err"):
+        _prepare(raw, out, ltx2_dir, audio_vae=None, missing_reference="error")  # retries d, skipped before: stops
     (raw / "refs" / "c.mp4").unlink()
     with pytest.raises(MissingReferenceError, match=r"c\.mp4: no reference video.*missing_reference=error"):
         _prepare(raw, tmp_path / "err", ltx2_dir, audio_vae=None, missing_reference="error")
@@ -174,11 +176,21 @@ def _lora_ltx2_ic_on(path, tmp_path, downscale):
     return fdl.build(recipe)()
 
 
-def test_lora_ltx2_ic_trains_on_prepared_references_and_refuses_another_downscale(prepared, tmp_path):
+def test_lora_ltx2_ic_trains_on_prepared_references_and_refuses_another_downscale(prepared, tmp_path, monkeypatch):
+    from nemo_vfm.models.ltx2.model import LTX2Model
+
     out, _ = prepared
+    seen, forward = [], LTX2Model.forward
+
+    def spy(self, x, *args, reference_latents=None, **kw):
+        seen.append(None if reference_latents is None else (tuple(x.shape), tuple(reference_latents.shape)))
+        return forward(self, x, *args, reference_latents=reference_latents, **kw)
+
+    monkeypatch.setattr(LTX2Model, "forward", spy)
     with pytest.raises(ValueError, match=r"reference_downscale=2 but model\.reference_downscale=1"):
         _lora_ltx2_ic_on(out, tmp_path / "mismatch", 1)
-    assert not list((tmp_path / "mismatch").rglob("metrics.jsonl"))  # stopped before any step
+    assert not seen and not list((tmp_path / "mismatch").rglob("metrics.jsonl"))  # stopped before any step
     assert _lora_ltx2_ic_on(out, tmp_path / "ic", K)["step"] == 2
+    assert seen == [((2, 8, 3, 4, 4), (2, 8, 3, 2, 2))] * 2  # the network read the prepared references every step
     rows = [json.loads(x) for x in next((tmp_path / "ic").rglob("metrics.jsonl")).read_text().splitlines()]
     assert len([r for r in rows if any(k.endswith("mse_audio") for k in r)]) == 2, rows
