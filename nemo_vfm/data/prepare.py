@@ -42,7 +42,6 @@ a rerun with ``missing_reference=error`` retries it too); ``"error"`` stops the 
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import logging
@@ -55,25 +54,26 @@ import numpy as np
 import torch
 
 from nemo_vfm.data.batch import wan_i2v_image_latents, wan_i2v_mask
+from nemo_vfm.data.prepare_reference import (
+    MISSING_REFERENCE,
+    NO_REFERENCE,
+    MissingReferenceError,
+    encode_reference,
+    reference_fingerprint,
+)
 from nemo_vfm.data.schema import IMAGE_CONDITIONS, LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
-from nemo_vfm.data.sources import IMAGE_EXTS, VIDEO_EXTS, InputItem, iter_inputs, read_image
+from nemo_vfm.data.sources import InputItem, iter_inputs
 from nemo_vfm.io.jsonl import write_atomic
 from nemo_vfm.io.run_lock import acquire
 
 log = logging.getLogger(__name__)
 MISSING_AUDIO = ("skip", "video_only", "error")
 NO_AUDIO = "no audio track"  # the start of the reason recorded for a clip skipped with missing_audio=skip
-MISSING_REFERENCE = ("skip", "error")
-NO_REFERENCE = "no reference video"  # the start of the reason recorded for a clip skipped with missing_reference=skip
 
 
 class MissingAudioError(ValueError):
     """A clip has no audio track and ``missing_audio="error"``: stops ``vfm prepare``."""
-
-
-class MissingReferenceError(ValueError):
-    """A clip has no (usable) reference video and ``missing_reference="error"``: stops ``vfm prepare``."""
 
 
 @dataclass(kw_only=True)
@@ -195,30 +195,10 @@ def _valid_frames(n: int, tokenizer, pt: int) -> int:
     return 0
 
 
-def _resize_crop(video: torch.Tensor, height: int | None, width: int | None, multiple: int) -> torch.Tensor:
-    """``(3, T, H, W)`` -> resized to cover ``height x width`` and centre-cropped; sizes cut to ``multiple``."""
-    _, _, h, w = video.shape
-    if height is not None:
-        scale = max(height / h, width / w)
-        nh, nw = max(height, round(h * scale)), max(width, round(w * scale))
-        if (nh, nw) != (h, w):
-            video = torch.nn.functional.interpolate(video.transpose(0, 1), size=(nh, nw), mode="bilinear",
-                                                    antialias=True, align_corners=False).transpose(0, 1)
-        h, w = nh, nw
-        th, tw = height, width
-    else:
-        th, tw = h, w
-    th, tw = th // multiple * multiple, tw // multiple * multiple
-    if th < multiple or tw < multiple:
-        raise ValueError(f"frames of {h}x{w} are smaller than the size multiple {multiple}")
-    y, x = (h - th) // 2, (w - tw) // 2
-    return video[:, :, y:y + th, x:x + tw]
-
-
 def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
                 pooled_encoder=None, audio_vae=None) -> tuple[dict[str, bytes], SampleMeta]:
     """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
-    from nemo_vfm.io.video import frames_to_tensor
+    from nemo_vfm.io.video import frames_to_tensor, resize_crop
 
     if item.error is not None:
         raise ValueError(item.error)
@@ -239,8 +219,8 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
     if ph != pw:
         raise ValueError(f"patch_multiple h and w must match, got {cfg.patch_multiple}")
     k = cfg.reference_downscale if cfg.reference_dir else 1  # the reference's grid is the clip's divided by k
-    video = _resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph * k)
-    reference, reference_meta = _reference(item, cfg, tokenizer, n, fps, video) if cfg.reference_dir else (None, None)
+    video = resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph * k)
+    reference, reference_meta = encode_reference(item, cfg, tokenizer, n, fps, video) if cfg.reference_dir else (None, None)
     audio_latent, audio_meta = _audio(item, cfg, audio_vae, n, fps) if audio_vae is not None else (None, None)
     with torch.no_grad():
         latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
@@ -272,56 +252,6 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
                           audio_latent=audio_latent, audio_text_emb=audio_emb,
                           reference_latent=None if reference is None else reference.numpy())
     return parts, meta
-
-
-def reference_path(item: InputItem, reference_dir: str | Path) -> Path | None:
-    """The reference file of a folder input: ``reference_dir/<sub>/<stem>.<video or image ext>``, None if absent;
-    two candidates (``a.mp4`` and ``a.mov``) are refused as ambiguous."""
-    rel = Path(item.source)
-    folder = Path(reference_dir) / rel.parent
-    found = sorted(p for p in folder.glob(f"{glob.escape(rel.stem)}.*")
-                   if p.is_file() and p.suffix.lower() in VIDEO_EXTS + IMAGE_EXTS) if folder.is_dir() else []
-    if len(found) > 1:
-        raise ValueError(f"{len(found)} reference files for {item.source} in {folder} "
-                         f"({', '.join(p.name for p in found)}); keep one")
-    return found[0] if found else None
-
-
-def _reference(item: InputItem, cfg: PrepareConfig, tokenizer, n: int, fps: float,
-               video: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """IC-LoRA: latents ``(C, t, h / k, w / k)`` of the clip's reference over its first ``n`` frames, resized to the
-    clip's ``(H / k, W / k)`` (``video (3, n, H, W)``), and ``meta["reference"]``; a missing or unusable reference
-    follows ``cfg.missing_reference``."""
-    from nemo_vfm.io.video import frames_to_tensor, read_video
-
-    k = cfg.reference_downscale
-    rel = Path(item.source).with_suffix(".*")
-    try:
-        path = reference_path(item, cfg.reference_dir)
-        if path is None:
-            raise ValueError(f"{NO_REFERENCE} ({Path(cfg.reference_dir) / rel} does not exist)")
-        frames, ref_fps = read_image(path) if path.suffix.lower() in IMAGE_EXTS else read_video(path)
-        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < n:
-            raise ValueError(f"{NO_REFERENCE} of {n} frames ({path} has {frames.shape[0]} frames of shape "
-                             f"{tuple(frames.shape[1:])}; the clip keeps {n})")
-        if n > 1 and fps and ref_fps and abs(ref_fps - fps) > 0.01 * fps:
-            raise ValueError(f"{NO_REFERENCE} at the clip's frame rate ({path} runs at {ref_fps:g} fps, the clip at "
-                             f"{fps:g}); re-encode the reference at the clip's rate")
-    except ValueError as e:
-        if cfg.missing_reference == "error":
-            raise MissingReferenceError(f"{item.source}: {e} (missing_reference=error); pass missing_reference=skip "
-                                        "to leave such clips out") from e
-        raise ValueError(f"{e}; missing_reference=skip") from e
-    _, _, height, width = video.shape
-    sc, ph = tokenizer.spatial_compression, cfg.patch_multiple[1]
-    ref = _resize_crop(frames_to_tensor(np.array(frames[:n])), height // k, width // k, sc * ph)
-    with torch.no_grad():
-        ref_latent = tokenizer.encode(ref[None].to(cfg.device))[0].float().cpu()
-    if not torch.isfinite(ref_latent).all():
-        raise ValueError(f"tokenizer produced non-finite latents for the reference {path}")
-    meta = {"source": str(path.relative_to(cfg.reference_dir)), "latent_shape": list(ref_latent.shape),
-            "downscale": k, "height": int(ref.shape[2]), "width": int(ref.shape[3])}
-    return ref_latent, meta
 
 
 def _audio(item: InputItem, cfg: PrepareConfig, audio_vae, n: int, fps: float) -> tuple[np.ndarray | None, dict]:
@@ -379,17 +309,6 @@ def _check_same_format(out: Path, cfg: PrepareConfig) -> None:
     if bool(old.get("audio_vae")) != bool(cfg.audio_vae):
         raise ValueError(f"output {out} was prepared {'with' if old.get('audio_vae') else 'without'} audio_vae=; resume "
                          f"it the same way or give another output=")
-
-
-def _reference_fingerprint(item: InputItem, reference_dir: str) -> str:
-    try:
-        path = reference_path(item, reference_dir)
-    except ValueError as e:  # ambiguous: encode_item records it
-        return str(e)
-    if path is None:
-        return "none"
-    st = path.stat()
-    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def unique_key(key: str, source: str, seen) -> str:
@@ -480,7 +399,7 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
             if i % world_size != rank:
                 continue
             if cfg.reference_dir:  # a reference added or changed later retries a clip that failed without it
-                item.fingerprint += f";reference:{_reference_fingerprint(item, cfg.reference_dir)}"
+                item.fingerprint += f";reference:{reference_fingerprint(item, cfg.reference_dir)}"
             if key in done:
                 skipped += 1
                 continue
