@@ -124,9 +124,12 @@ def test_missing_reference_policies_and_resume(prepared, clips, ltx2_dir, tmp_pa
     fixed = _prepare(raw, out, ltx2_dir, audio_vae=None)
     assert (fixed.written, fixed.skipped_done, fixed.skipped_failed) == (1, 2, 1)
     assert _samples(out)["c"]["reference_latent.npy"].shape == (8, 3, 2, 2)
+    write_clip(raw / "refs" / "d.mp4", size=16, fps=16, audio_rate=None, seed=13)  # changed: d retried, wrong rate
+    rate = _prepare(raw, out, ltx2_dir, audio_vae=None)
+    assert rate.written == 0 and "d.mp4 runs at 16 fps, the clip at 8" in rate.errors[0]["reason"]
     with pytest.raises(ValueError, match="was prepared with reference_dir= and reference_downscale=2"):
         _prepare(raw, out, ltx2_dir, audio_vae=None, reference_downscale=1)
-    with pytest.raises(MissingReferenceError, match=r"d\.mp4: no reference video of 9 frames.*missing_reference=err"):
+    with pytest.raises(MissingReferenceError, match=r"d\.mp4: no reference video at the clip's frame rate.*=err"):
         _prepare(raw, out, ltx2_dir, audio_vae=None, missing_reference="error")  # retries d, skipped before: stops
     (raw / "refs" / "c.mp4").unlink()
     with pytest.raises(MissingReferenceError, match=r"c\.mp4: no reference video.*missing_reference=error"):
