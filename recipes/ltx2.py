@@ -25,17 +25,33 @@ log-mel front end, :mod:`nemo_vfm.tokenizers.audio_mel`). A clip without an audi
 (recorded in ``data/ltx2_prepared/.prepare/report.json``); ``missing_audio=video_only`` keeps it and the objective
 trains its video stream only (its audio loss is masked per sample; its audio stream runs on a zero placeholder);
 ``missing_audio=error`` stops at it. Packed batches (``data.max_seq_length``) refuse LTX-2 audio samples. The same
-folder trains ``lora_ltx2_video`` (the audio keys are dropped). Not built yet: IC-LoRA (``lora_ltx2_ic``) adds
-``reference_latents (128, Tr, Hr, Wr)`` per sample (the conditioning video's latents, at ``1 / model.reference_downscale``
-of the target's height and width): they join the video tokens clean, at t = 0, and the loss covers the target; ``vfm
-prepare`` does not write them, so its batches come from a data module of your own (or ``MockLatentDataModule(
-reference_shape=...)``). None of this was run at the release's sizes here (CPU tests on a tiny random pipeline folder).
+folder trains ``lora_ltx2_video`` (the audio keys are dropped).
+
+IC-LoRA (``lora_ltx2_ic``): batches also carry ``reference_latents (128, t, h / k, w / k)`` per sample (the
+conditioning video's latents, e.g. depth, pose or canny, at ``1 / k`` of the target's height and width, ``k =
+model.reference_downscale``; ``(t, h, w)`` the target's latent grid); they join the video tokens clean, at t = 0, and the loss covers the target. ``vfm
+prepare reference_dir=REFS`` writes them: the reference of ``clips/<sub>/<stem>.mp4`` is ``REFS/<sub>/<stem>.<ext>``
+(same relative path and stem), read over the clip's frames, resized to the clip's size / ``reference_downscale`` and
+encoded by the same video VAE. Prepare with the downscale the model will use, then train with the same value (the
+loader compares the data's ``reference_downscale`` with ``model.reference_downscale`` before the first step and stops,
+naming both, when they differ)::
+
+    vfm prepare input=clips/ output=data/ltx2_ic reference_dir=clips_depth/ reference_downscale=2 \
+        tokenizer=ltx2 tokenizer.path=/models/LTX-2 text_encoder=ltx2 text_encoder.path=/models/LTX-2 \
+        text_encoder.device=cuda text_encoder.dtype=bf16 audio_vae=/models/LTX-2 patch_multiple=[1,1,1] device=cuda
+    python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=/models/LTX-2 data.path=data/ltx2_ic \
+        model.reference_downscale=2
+
+A clip without a reference (or with fewer frames than the clip keeps) is skipped and listed in
+``.prepare/report.json`` (``missing_reference=error`` stops at it instead). None of this was run at the release's
+sizes here (CPU tests on a tiny random pipeline folder).
 
 CLI::
 
     python launchers/train.py --factory lora_ltx2_video --yes model.pretrained=/models/LTX-2 data.path=DIR
     python launchers/train.py --factory lora_ltx2 --yes model.pretrained=/models/LTX-2 data.path=DIR
-    python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=/models/LTX-2 model.reference_downscale=2
+    python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=/models/LTX-2 data.path=DIR \
+        model.reference_downscale=2
 
 Python::
 
@@ -134,9 +150,10 @@ def lora_ltx2_video() -> run.Partial:
 def lora_ltx2_ic() -> run.Partial:
     """IC-LoRA: ``lora_ltx2`` on batches that also carry ``reference_latents`` (a conditioning video, e.g. depth or
     pose, at ``1 / model.reference_downscale`` of the target's size, 1 by default), which the network reads as clean
-    in-context tokens (module docstring). Video only: ``with_video_only(lora_ltx2_ic())``.
-    GPU speed and memory not measured.
-    CLI: ``python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=DIR model.reference_downscale=2``
+    in-context tokens; ``vfm prepare reference_dir=DIR reference_downscale=K`` writes them (module docstring). Video
+    only: ``with_video_only(lora_ltx2_ic())``. GPU speed and memory not measured.
+    CLI: ``python launchers/train.py --factory lora_ltx2_ic --yes model.pretrained=DIR data.path=PREPARED
+    model.reference_downscale=2``
     Python: ``recipe = ltx2.lora_ltx2_ic(); recipe.model.reference_downscale = 2``
     """
     recipe = with_lora(_finetune("lora_ltx2_ic"), rank=32, targets=LTX2_LORA_TARGETS, frozen_dtype="bf16")

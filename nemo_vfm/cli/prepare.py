@@ -16,6 +16,8 @@ LTX-2 (audio + video, ``lora_ltx2``): ``vfm prepare input=clips/ output=data/ltx
 tokenizer.path=LTX2_DIR text_encoder=ltx2 text_encoder.path=LTX2_DIR text_encoder.device=cuda audio_vae=LTX2_DIR
 patch_multiple=[1,1,1] device=cuda``
 (``missing_audio=skip|video_only|error`` for clips without an audio track, ``skip`` by default).
+LTX-2 IC-LoRA (``lora_ltx2_ic``): add ``reference_dir=REFS reference_downscale=K`` (the reference of
+``clips/<sub>/<stem>.mp4`` is ``REFS/<sub>/<stem>.<ext>``; ``missing_reference=skip|error``, ``skip`` by default).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def parse(pairs: list[str]):
             kw[f"{head}_kwargs"][sub] = _value(val)
         elif key in fields:
             strings = ("input", "output", "tokenizer", "text_encoder", "image_condition", "clip_pooled", "audio_vae",
-                       "missing_audio")
+                       "missing_audio", "reference_dir", "missing_reference")
             kw[key] = val if key in strings else _value(val)
         else:
             raise ValueError(f"unknown argument {key!r}; choose from {', '.join(sorted(fields))}")

@@ -107,6 +107,7 @@ class VideoBatch(_ToDevice):
     audio_context: torch.Tensor | None = None  # (B, L, Da): the audio stream's text (text_encoder=ltx2)
     audio_context_mask: torch.Tensor | None = None  # (B, L) bool: context_mask, as LTX2Pipeline passes it
     audio_mask: torch.Tensor | None = None  # (B,) bool, False: no audio (missing_audio=video_only); None: all have
+    reference_latents: torch.Tensor | None = None  # (B, C, t, hr, wr): LTX-2 IC-LoRA references (reference_dir=)
 
     def __len__(self) -> int:
         return self.latents.shape[0]

@@ -181,6 +181,9 @@ class EnergonDataModule(pl.LightningDataModule):
         if self.image_condition is not None and max_seq_length is not None:
             raise ValueError(f"{path} was prepared with image_condition={self.image_condition}, which packed "
                              "batches do not carry; set max_seq_length=None (bucketed batches)")
+        if self.reference_downscale is not None and max_seq_length is not None:
+            raise ValueError(f"{path} was prepared with reference_dir= (IC-LoRA reference latents), which packed "
+                             "batches do not carry; set max_seq_length=None (bucketed batches)")
         if spec.get("clip_pooled") and max_seq_length is not None:
             raise ValueError(f"{path} was prepared with clip_pooled= (pooled text embeddings), which packed batches "
                              "do not carry; set max_seq_length=None (bucketed batches)")
@@ -190,10 +193,24 @@ class EnergonDataModule(pl.LightningDataModule):
         """``"wan_i2v"`` when batches carry ``cond_latents`` (``vfm prepare image_condition=wan_i2v``), else None."""
         return self._peek[0].get("image_condition")
 
+    @property
+    def reference_downscale(self) -> int | None:
+        """``k`` when batches carry IC-LoRA ``reference_latents`` at 1/k of the target's size (``vfm prepare
+        reference_dir=DIR reference_downscale=k``), else None. Read from the first samples' meta."""
+        found = {int(m["reference"]["downscale"]) for m in self._peek if m.get("reference")}
+        if len(found) > 1:
+            raise ValueError(f"{self.path} mixes reference_downscale values {sorted(found)}; prepare it again with one")
+        if found and any(not m.get("reference") for m in self._peek):
+            raise ValueError(f"{self.path} mixes samples with and without IC-LoRA reference latents; prepare every "
+                             "dataset of the blend with vfm prepare reference_dir=")
+        return next(iter(found), None)
+
     def setup(self, stage: str | None = None) -> None:
-        """Before the model is built: the trainer's model must take the image conditioning this data has, or lacks."""
+        """Before the model is built: the trainer's model must take the image conditioning this data has, or lacks,
+        and the reference downscale of its IC-LoRA references."""
         module = getattr(getattr(self, "trainer", None), "lightning_module", None)
         check_image_condition(getattr(module, "model_config", None), self.image_condition, self.path)
+        check_reference_downscale(getattr(module, "model_config", None), self.reference_downscale, self.path)
 
     # ---- what train() reads (nemo_vfm.data.protocol.VideoDataModule) ------------------------------------
     missing_class_samples = 0  # no DreamBooth class samples
@@ -364,6 +381,23 @@ def check_image_condition(model_config, image_condition: str | None, path: str) 
     raise ValueError(f"{path} was prepared with image_condition={image_condition} (batches carry its cond_latents) "
                      f"but the model ({model}) takes no cond_latents; train an image-to-video model that takes them "
                      "(e.g. lora_wan2_2_i2v_a14b) or prepare without image_condition")
+
+
+def check_reference_downscale(model_config, reference_downscale: int | None, path: str) -> None:
+    """Raise when ``path`` was prepared with IC-LoRA references (at ``1 / reference_downscale`` of the target's size)
+    and the model takes none, or places them at another downscale (``model_config.reference_downscale``)."""
+    if model_config is None or reference_downscale is None:
+        return
+    model = type(model_config).__name__
+    k = getattr(model_config, "reference_downscale", None)
+    if k is None:
+        raise ValueError(f"{path} was prepared with reference_dir= (IC-LoRA reference_latents at reference_downscale="
+                         f"{reference_downscale}) but the model ({model}) takes no reference_latents; train "
+                         "lora_ltx2_ic or prepare without reference_dir")
+    if int(k) != reference_downscale:
+        raise ValueError(f"{path} was prepared with reference_downscale={reference_downscale} but "
+                         f"model.reference_downscale={k}; set model.reference_downscale={reference_downscale} or "
+                         f"prepare the data again with reference_downscale={k}")
 
 
 def _loads_state(data: bytes):

@@ -24,6 +24,20 @@ an image) follows ``missing_audio``: ``"skip"`` (default) records it as a failed
 meta says ``audio.status == "missing"``; the loader gives it an all-zero placeholder and a False ``audio_mask``, so
 the objective trains its video stream only); ``"error"`` stops the run naming the clip (finished shards are kept).
 A rerun with another ``missing_audio`` retries the clips skipped for lacking audio.
+
+LTX-2 IC-LoRA: ``reference_dir=DIR`` (folder inputs only) holds each clip's reference (control) video, e.g. depth, pose
+or canny: the reference of ``<input>/<sub>/<stem>.<ext>`` is ``DIR/<sub>/<stem>.<any video or image ext>`` (same
+relative path and stem; the release's trainer names it in a ``reference_video`` column instead). Its first
+``num_frames`` frames (the clip's frames kept; the same frame rate within 1%) are resized (cover) and centre-cropped to
+the clip's prepared height and width divided by ``reference_downscale`` (``LTX2ICLoraPipeline``: ``height //
+reference_downscale_factor``), encoded by the same tokenizer (VAE + normalisation) and stored as
+``reference_latent.npy (C, t, h / k, w / k)``; ``meta.reference`` records its file, shape and ``downscale``, and
+``.prepare/config.json`` the ``reference_downscale`` (the loader checks it against ``model.reference_downscale``).
+With ``reference_downscale=k`` the clip's height and width are cut to multiples of ``k x`` the VAE's spatial compression
+x the patch, so the reference's latent grid is exactly the clip's divided by ``k``. A clip without a reference (or with
+a shorter one) follows ``missing_reference``: ``"skip"`` (default) records it as a failed input (reason "no reference
+video"; a rerun retries it once its reference appears: the reference file is part of the clip's fingerprint, and
+a rerun with ``missing_reference=error`` retries it too); ``"error"`` stops the run naming the clip.
 """
 
 from __future__ import annotations
@@ -40,6 +54,13 @@ import numpy as np
 import torch
 
 from nemo_vfm.data.batch import wan_i2v_image_latents, wan_i2v_mask
+from nemo_vfm.data.prepare_reference import (
+    MISSING_REFERENCE,
+    NO_REFERENCE,
+    MissingReferenceError,
+    encode_reference,
+    reference_fingerprint,
+)
 from nemo_vfm.data.schema import IMAGE_CONDITIONS, LATENT_DTYPES, SampleMeta, encode_sample
 from nemo_vfm.data.shard_writer import STATE_DIR, Manifest, ShardWriter
 from nemo_vfm.data.sources import InputItem, iter_inputs
@@ -76,12 +97,15 @@ class PrepareConfig:
     clip_pooled: str | None = None  # a CLIP text encoder folder (or a pipeline's text_encoder_2/): its pooled text too
     audio_vae: str | None = None  # an LTX-2 pipeline folder (audio_vae/) or audio VAE folder: audio latents too
     missing_audio: str = "skip"  # with audio_vae, a clip without audio: "skip" | "video_only" | "error"
+    reference_dir: str | None = None  # LTX-2 IC-LoRA: a folder of reference videos named like the clips (docstring)
+    reference_downscale: int = 1  # references at 1/k of the clip's height and width (model.reference_downscale)
+    missing_reference: str = "skip"  # with reference_dir, a clip without a reference: "skip" | "error"
     device: str = "cpu"
     index: bool = True
     progress: bool = True
 
     def __post_init__(self):
-        for name in ("samples_per_shard", "max_frames", "height", "width"):  # from the CLI: reject "abc", 2.5, true
+        for name in ("samples_per_shard", "max_frames", "height", "width", "reference_downscale"):  # from the CLI: reject "abc", 2.5, true
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"PrepareConfig.{name} must be an integer, got {v!r}")
@@ -99,6 +123,21 @@ class PrepareConfig:
                              f"got {self.image_condition!r}")
         if self.missing_audio not in MISSING_AUDIO:
             raise ValueError(f"PrepareConfig.missing_audio must be one of {MISSING_AUDIO}, got {self.missing_audio!r}")
+        if self.missing_reference not in MISSING_REFERENCE:
+            raise ValueError(f"PrepareConfig.missing_reference must be one of {MISSING_REFERENCE}, got "
+                             f"{self.missing_reference!r}")
+        if self.reference_downscale < 1:
+            raise ValueError(f"PrepareConfig.reference_downscale must be >= 1, got {self.reference_downscale}")
+        if self.reference_dir is None and (self.reference_downscale != 1 or self.missing_reference != "skip"):
+            raise ValueError("PrepareConfig.reference_downscale and missing_reference apply to reference videos; "
+                             "give reference_dir=DIR (a folder of reference videos named like the clips) or drop them")
+        if self.reference_dir is not None and not Path(self.reference_dir).is_dir():
+            raise FileNotFoundError(f"PrepareConfig.reference_dir {self.reference_dir} is not a folder; give the folder "
+                                    "of reference videos (the reference of <input>/<sub>/<stem>.mp4 is "
+                                    "<reference_dir>/<sub>/<stem>.mp4)")
+        if self.reference_dir is not None and (Path(self.input).suffix == ".tar" or any(Path(self.input).glob("*.tar"))):
+            raise ValueError(f"PrepareConfig.reference_dir works with a folder of clips; {self.input} holds webdataset "
+                             "shards, whose samples have no path to name a reference by: unpack them into a folder")
         if self.latent_dtype not in LATENT_DTYPES:
             raise ValueError(f"PrepareConfig.latent_dtype must be one of {LATENT_DTYPES}, got {self.latent_dtype!r}")
         if self.samples_per_shard < 1:
@@ -156,30 +195,10 @@ def _valid_frames(n: int, tokenizer, pt: int) -> int:
     return 0
 
 
-def _resize_crop(video: torch.Tensor, height: int | None, width: int | None, multiple: int) -> torch.Tensor:
-    """``(3, T, H, W)`` -> resized to cover ``height x width`` and centre-cropped; sizes cut to ``multiple``."""
-    _, _, h, w = video.shape
-    if height is not None:
-        scale = max(height / h, width / w)
-        nh, nw = max(height, round(h * scale)), max(width, round(w * scale))
-        if (nh, nw) != (h, w):
-            video = torch.nn.functional.interpolate(video.transpose(0, 1), size=(nh, nw), mode="bilinear",
-                                                    antialias=True, align_corners=False).transpose(0, 1)
-        h, w = nh, nw
-        th, tw = height, width
-    else:
-        th, tw = h, w
-    th, tw = th // multiple * multiple, tw // multiple * multiple
-    if th < multiple or tw < multiple:
-        raise ValueError(f"frames of {h}x{w} are smaller than the size multiple {multiple}")
-    y, x = (h - th) // 2, (w - tw) // 2
-    return video[:, :, y:y + th, x:x + tw]
-
-
 def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
                 pooled_encoder=None, audio_vae=None) -> tuple[dict[str, bytes], SampleMeta]:
     """Decode, trim, resize, tokenize and text-encode one input. Raises ``ValueError`` with the reason."""
-    from nemo_vfm.io.video import frames_to_tensor
+    from nemo_vfm.io.video import frames_to_tensor, resize_crop
 
     if item.error is not None:
         raise ValueError(item.error)
@@ -199,12 +218,19 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
     sc = tokenizer.spatial_compression
     if ph != pw:
         raise ValueError(f"patch_multiple h and w must match, got {cfg.patch_multiple}")
-    video = _resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph)
+    k = cfg.reference_downscale if cfg.reference_dir else 1  # the reference's grid is the clip's divided by k
+    video = resize_crop(frames_to_tensor(np.array(frames[:n])), cfg.height, cfg.width, sc * ph * k)
+    reference, reference_meta = encode_reference(item, cfg, tokenizer, n, fps, video) if cfg.reference_dir else (None, None)
     audio_latent, audio_meta = _audio(item, cfg, audio_vae, n, fps) if audio_vae is not None else (None, None)
     with torch.no_grad():
         latent = tokenizer.encode(video[None].to(cfg.device))[0].float().cpu()
     if not torch.isfinite(latent).all():
         raise ValueError("tokenizer produced non-finite latents")
+    if reference is not None:
+        c, t, h, w = latent.shape
+        if tuple(reference.shape) != (c, t, h // k, w // k):
+            raise ValueError(f"reference latents {tuple(reference.shape)} of {reference_meta['source']} are not the "
+                             f"clip's {(c, t, h, w)} at 1/{k} of its height and width")
     image = _image_latents(cfg, tokenizer, video, latent) if cfg.image_condition else None
     audio_emb = None
     if getattr(text_encoder, "audio_context", False):  # LTX-2: the audio stream's text too
@@ -220,10 +246,11 @@ def encode_item(item: InputItem, cfg: PrepareConfig, tokenizer, text_encoder,
                       height=int(video.shape[2]), width=int(video.shape[3]), clip_span=span,
                       latent_shape=tuple(int(v) for v in latent.shape), is_image=item.is_image,
                       tokenizer=cfg.tokenizer, text_encoder=cfg.text_encoder, extra=item.extra,
-                      image_condition=cfg.image_condition, audio=audio_meta)
+                      image_condition=cfg.image_condition, audio=audio_meta, reference=reference_meta)
     parts = encode_sample(latent.numpy(), emb.numpy(), mask.numpy().astype(np.bool_), meta, cfg.latent_dtype,
                           image_latent=None if image is None else image.numpy(), pooled_text=pooled,
-                          audio_latent=audio_latent, audio_text_emb=audio_emb)
+                          audio_latent=audio_latent, audio_text_emb=audio_emb,
+                          reference_latent=None if reference is None else reference.numpy())
     return parts, meta
 
 
@@ -266,8 +293,8 @@ def _image_latents(cfg: PrepareConfig, tokenizer, video: torch.Tensor, latent: t
 
 
 def _check_same_format(out: Path, cfg: PrepareConfig) -> None:
-    """A resumed output keeps the ``image_condition`` and ``audio_vae`` (set or not) its finished shards were
-    written with."""
+    """A resumed output keeps the ``image_condition``, ``audio_vae`` (set or not) and ``reference_dir`` (set or not,
+    with its ``reference_downscale``) its finished shards were written with."""
     old_file = out / STATE_DIR / "config.json"
     old = json.loads(old_file.read_text()) if old_file.is_file() else {}
     if not any(out.glob("*.tar")):
@@ -275,6 +302,10 @@ def _check_same_format(out: Path, cfg: PrepareConfig) -> None:
     if old.get("image_condition") != cfg.image_condition:
         raise ValueError(f"output {out} was prepared with image_condition={old.get('image_condition')}; resume it with "
                          f"the same setting or give another output= for image_condition={cfg.image_condition}")
+    old_k = old.get("reference_downscale") if old.get("reference_dir") else None
+    if old_k != (cfg.reference_downscale if cfg.reference_dir else None):
+        was = f"with reference_dir= and reference_downscale={old_k}" if old_k else "without reference_dir="
+        raise ValueError(f"output {out} was prepared {was}; resume it the same way or give another output=")
     if bool(old.get("audio_vae")) != bool(cfg.audio_vae):
         raise ValueError(f"output {out} was prepared {'with' if old.get('audio_vae') else 'without'} audio_vae=; resume "
                          f"it the same way or give another output=")
@@ -340,7 +371,9 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                 "text_encoder": {"name": cfg.text_encoder, "kwargs": cfg.text_encoder_kwargs},
                 "patch_multiple": list(cfg.patch_multiple), "latent_dtype": cfg.latent_dtype,
                 "image_condition": cfg.image_condition, "clip_pooled": cfg.clip_pooled, "audio_vae": cfg.audio_vae,
-                "missing_audio": cfg.missing_audio}
+                "missing_audio": cfg.missing_audio, "reference_dir": cfg.reference_dir,
+                "reference_downscale": cfg.reference_downscale if cfg.reference_dir else None,
+                "missing_reference": cfg.missing_reference}
         write_atomic(out / STATE_DIR / "config.json", json.dumps(spec, indent=1))
     manifest = Manifest(out)
     manifest.recover(rank)
@@ -353,7 +386,8 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
                position=rank if world_size > 1 else None)
     seen: dict[str, str] = {}  # key -> source; every rank sees every input, so all agree on the keys
     try:
-        for i, item in enumerate(iter_inputs(cfg.input, exclude=[out])):
+        refs = [Path(cfg.reference_dir)] if cfg.reference_dir else []
+        for i, item in enumerate(iter_inputs(cfg.input, exclude=[out, *refs])):
             key = unique_key(item.key, item.source, seen)
             if key != item.key:
                 if rank == 0:
@@ -364,17 +398,21 @@ def _prepare(cfg: PrepareConfig, out: Path, rank: int, world_size: int, tokenize
             seen[key] = item.source
             if i % world_size != rank:
                 continue
+            if cfg.reference_dir:  # a reference added or changed later retries a clip that failed without it
+                item.fingerprint += f";reference:{reference_fingerprint(item, cfg.reference_dir)}"
             if key in done:
                 skipped += 1
                 continue
             prev = failed.get(key)
             if (prev is not None and item.fingerprint and prev.get("fingerprint") == item.fingerprint
-                    and not (cfg.missing_audio != "skip" and prev.get("reason", "").startswith(f"ValueError: {NO_AUDIO}"))):
-                skipped_failed += 1  # failed before and unchanged since: not retried (unless skipped for no audio)
+                    and not (cfg.missing_audio != "skip" and prev.get("reason", "").startswith(f"ValueError: {NO_AUDIO}"))
+                    and not (cfg.missing_reference != "skip"
+                             and prev.get("reason", "").startswith(f"ValueError: {NO_REFERENCE}"))):
+                skipped_failed += 1  # failed before, unchanged since: not retried (unless another policy now applies)
                 continue
             try:
                 parts, _ = encode_item(item, cfg, tokenizer, text_encoder, pooled_encoder, audio_vae)
-            except MissingAudioError:  # missing_audio=error: stop; finished samples are kept and the run resumes
+            except (MissingAudioError, MissingReferenceError):  # =error: stop; finished samples are kept, resumable
                 writer.flush()
                 raise
             except Exception as e:  # a corrupt input must not stop the run: record it with its reason

@@ -13,13 +13,16 @@ the same table for users.
 | ``pooled_text.npy`` | optional: a pooled text embedding ``(Dp,)`` (CLIP; Kandinsky 6), float32 |
 | ``audio_latent.npy`` | optional: audio latents ``(Ca, La, M)`` of the clip's span (LTX-2 audio VAE)  |
 | ``audio_text_emb.npy`` | optional: the audio stream's text ``(L, Da)`` (LTX-2 audio connector), mask ``text_mask`` |
+| ``reference_latent.npy`` | optional: LTX-2 IC-LoRA reference video latents ``(C, t, h / k, w / k)``           |
 
 ``image_latent.npy`` is written by ``vfm prepare image_condition=wan_i2v`` (then ``meta.image_condition`` is
 ``"wan_i2v"``), in the dtype of ``latent.npy``. ``pooled_text.npy`` is written by ``vfm prepare clip_pooled=DIR``.
 ``audio_text_emb.npy`` is written by text encoders with an audio stream (``text_encoder=ltx2``); ``audio_latent.npy``
 by ``vfm prepare audio_vae=DIR``, which also sets ``meta.audio``: ``{"status": "encoded", "latent_shape": [Ca, La, M],
 ...}`` with the part, or ``{"status": "missing", "latent_shape": ...}`` without it (a clip without an audio track kept
-with ``missing_audio=video_only``: the loader masks its audio loss).
+with ``missing_audio=video_only``: the loader masks its audio loss). ``reference_latent.npy`` is written by ``vfm prepare
+reference_dir=DIR`` in the dtype of ``latent.npy``, with ``meta.reference``: ``{"source": file under DIR, "latent_shape":
+[C, t, h / k, w / k], "downscale": k, "height": .., "width": ..}`` (pixel size of the resized reference).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ IMAGE_LATENT = "image_latent.npy"
 POOLED_TEXT = "pooled_text.npy"
 AUDIO_LATENT = "audio_latent.npy"
 AUDIO_TEXT_EMB = "audio_text_emb.npy"
+REFERENCE_LATENT = "reference_latent.npy"
 PARTS = (LATENT, TEXT_EMB, TEXT_MASK, META)  # required; the others are optional
 IMAGE_CONDITIONS = ("wan_i2v",)
 SCHEMA_VERSION = 1
@@ -63,6 +67,7 @@ class SampleMeta:
     extra: dict = field(default_factory=dict)  # anything else the input carried (e.g. curation scores)
     image_condition: str | None = None  # "wan_i2v": the sample has an IMAGE_LATENT part
     audio: dict | None = None  # vfm prepare audio_vae=: {"status": "encoded" | "missing", "latent_shape": [Ca, La, M]}
+    reference: dict | None = None  # vfm prepare reference_dir=: {"source", "latent_shape", "downscale", ...}
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -86,10 +91,12 @@ def npy_bytes(array: np.ndarray) -> bytes:
 def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarray, meta: SampleMeta,
                   latent_dtype: str = "float16", image_latent: np.ndarray | None = None,
                   pooled_text: np.ndarray | None = None, audio_latent: np.ndarray | None = None,
-                  audio_text_emb: np.ndarray | None = None) -> dict[str, bytes]:
+                  audio_text_emb: np.ndarray | None = None,
+                  reference_latent: np.ndarray | None = None) -> dict[str, bytes]:
     """Arrays + metadata -> ``{part: bytes}`` ready for a tar shard (``image_latent``: same shape as ``latent``;
     ``pooled_text``: ``(Dp,)``; ``audio_latent``: ``(Ca, La, M)``, given exactly when ``meta.audio`` says
-    "encoded"; ``audio_text_emb``: ``(L, Da)`` with ``text_emb``'s L)."""
+    "encoded"; ``audio_text_emb``: ``(L, Da)`` with ``text_emb``'s L; ``reference_latent``: ``(C, t, hr, wr)``, given
+    exactly when ``meta.reference`` is set)."""
     if (image_latent is None) != (meta.image_condition is None):
         raise ValueError(f"image_latent must be given exactly when meta.image_condition is set "
                          f"(got image_condition={meta.image_condition!r})")
@@ -125,6 +132,13 @@ def encode_sample(latent: np.ndarray, text_emb: np.ndarray, text_mask: np.ndarra
             raise ValueError(f"audio_text_emb must be (L, Da) with text_emb's L={text_emb.shape[0]}, got "
                              f"{audio_text_emb.shape}")
         parts[AUDIO_TEXT_EMB] = npy_bytes(audio_text_emb.astype(latent_dtype))
+    if (reference_latent is None) != (meta.reference is None):
+        raise ValueError(f"reference_latent must be given exactly when meta.reference is set (got {meta.reference!r})")
+    if reference_latent is not None:
+        if reference_latent.ndim != 4 or reference_latent.shape[:2] != latent.shape[:2]:
+            raise ValueError(f"reference_latent must be (C, t, hr, wr) with the latent's C and t {latent.shape[:2]}, "
+                             f"got {reference_latent.shape}")
+        parts[REFERENCE_LATENT] = npy_bytes(reference_latent.astype(latent_dtype))
     return parts
 
 
@@ -152,6 +166,11 @@ def decode_pooled_text(raw: dict) -> np.ndarray | None:
 def decode_audio(raw: dict) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The optional ``(audio_latent (Ca, La, M), audio_text_emb (L, Da))`` parts of a sample (``None`` if absent)."""
     return tuple(_array(raw[p]) if raw.get(p) is not None else None for p in (AUDIO_LATENT, AUDIO_TEXT_EMB))
+
+
+def decode_reference(raw: dict) -> np.ndarray | None:
+    """The optional ``reference_latent.npy`` part ``(C, t, hr, wr)`` of a sample, or ``None``."""
+    return _array(raw[REFERENCE_LATENT]) if raw.get(REFERENCE_LATENT) is not None else None
 
 
 def _array(v) -> np.ndarray:

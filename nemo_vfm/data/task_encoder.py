@@ -14,7 +14,8 @@ LTX-2 samples (``vfm prepare text_encoder=ltx2 audio_vae=...``) add ``audio_cont
 the video text's, as ``LTX2Pipeline`` passes it) and ``audio_latents (B, Ca, La, M)``; buckets then group by the audio
 latent shape too. A sample prepared with ``missing_audio=video_only`` gets all-zero audio latents of the shape its clip
 would have, and the batch an ``audio_mask (B,)`` (False for it) that the objective masks the audio loss with. Packing
-refuses audio samples.
+refuses audio samples. LTX-2 IC-LoRA samples (``vfm prepare reference_dir=DIR``) add ``reference_latents (B, C, t, hr,
+wr)``; buckets then group by the reference latent shape too, and packing refuses them.
 
 Legend: C latent channels, t/h/w latent sizes, L text tokens, D text width.
 """
@@ -33,10 +34,12 @@ from nemo_vfm.data.packing import concat_packs, first_fit_decreasing, pack_sampl
 from nemo_vfm.data.schema import (
     AUDIO_LATENT,
     IMAGE_LATENT,
+    REFERENCE_LATENT,
     decode_audio,
     decode_image_latent,
     decode_parts,
     decode_pooled_text,
+    decode_reference,
 )
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class ClipSample(Sample):
     audio_latent: torch.Tensor | None = None  # (Ca, La, M) with vfm prepare audio_vae=DIR (zeros if has_audio False)
     has_audio: bool | None = None  # None: prepared without audio_vae; False: missing_audio=video_only
     audio_text_emb: torch.Tensor | None = None  # (L, Da) with text_encoder=ltx2, else None
+    reference_latent: torch.Tensor | None = None  # (C, t, hr, wr) with vfm prepare reference_dir=DIR, else None
 
 
 def audio_latents(raw: dict, meta: dict, latent) -> tuple[torch.Tensor | None, bool | None]:
@@ -97,6 +101,17 @@ def image_cond_latents(raw: dict, meta: dict) -> torch.Tensor | None:
     return torch.cat([mask, torch.from_numpy(image).float()], dim=0)
 
 
+def reference_latents(raw: dict, meta: dict) -> torch.Tensor | None:
+    """IC-LoRA reference latents ``(C, t, hr, wr)`` of a sample prepared with ``reference_dir=``, else ``None``."""
+    part = decode_reference(raw)
+    if meta.get("reference") is None:
+        return None
+    if part is None:
+        raise KeyError(f"sample {raw.get('__key__', '?')} has meta.reference but no {REFERENCE_LATENT} part; re-run "
+                       "vfm prepare")
+    return torch.from_numpy(part).float()
+
+
 @stateless
 def cook_clip(raw: dict) -> ClipSample:
     """Crude webdataset sample (parts decoded by energon) -> :class:`ClipSample`."""
@@ -115,6 +130,7 @@ def cook_clip(raw: dict) -> ClipSample:
         fps=float(meta.get("fps", 0.0)), meta=meta, cond_latents=cond,
         pooled_text=None if pooled is None else torch.from_numpy(pooled).float(), audio_latent=audio,
         has_audio=has_audio, audio_text_emb=None if audio_text is None else torch.from_numpy(audio_text).float(),
+        reference_latent=reference_latents(raw, meta),
     )
 
 
@@ -168,6 +184,10 @@ class VideoTaskEncoder(DefaultTaskEncoder):
         if sample.audio_latent is not None or sample.audio_text_emb is not None:
             raise NotImplementedError(f"sample {sample.__key__} carries LTX-2 audio latents or audio text, which "
                                       "packed batches do not carry; set data.max_seq_length=None (buckets)")
+        if sample.reference_latent is not None:
+            raise NotImplementedError(f"sample {sample.__key__} carries IC-LoRA reference latents (vfm prepare "
+                                      "reference_dir=), which packed batches do not carry; set data.max_seq_length=None "
+                                      "(buckets)")
         tokens, pos = patchify(sample.latent, self.patch_size)
         return TokenSample(key=sample.__key__, tokens=tokens, pos_ids=pos, loss_mask=torch.ones(tokens.shape[0]),
                            text=real_text(sample.text_emb, sample.text_mask),
@@ -192,12 +212,13 @@ class VideoTaskEncoder(DefaultTaskEncoder):
 
     # ---- batching ---------------------------------------------------------------------------------------
     def batch_group_criterion(self, sample):
-        """Buckets (no packing): one bucket per latent shape ``(C, t, h, w)`` (and audio latent shape, if any);
-        images land in t=1 buckets."""
+        """Buckets (no packing): one bucket per latent shape ``(C, t, h, w)`` (and audio and reference latent shape,
+        if any); images land in t=1 buckets."""
         if isinstance(sample, PackedBatch):
             return "packed", None
         audio = None if sample.audio_latent is None else tuple(sample.audio_latent.shape)
-        return (tuple(sample.latent.shape), audio), None
+        reference = None if sample.reference_latent is None else tuple(sample.reference_latent.shape)
+        return (tuple(sample.latent.shape), audio, reference), None
 
     @stateless
     def batch(self, samples):
@@ -234,7 +255,22 @@ def stack_bucket(samples: list[ClipSample]) -> VideoBatch:
     return VideoBatch(latents=torch.stack([s.latent for s in samples]), context=text, context_mask=mask[:, :n],
                       fps=torch.tensor([s.fps for s in samples]), sample_keys=[s.__key__ for s in samples],
                       meta=[s.meta for s in samples], cond_latents=cond, pooled_context=pooled,
-                      **_stack_audio(samples, mask, n))
+                      reference_latents=_stack_reference(samples), **_stack_audio(samples, mask, n))
+
+
+def _stack_reference(samples: list[ClipSample]) -> torch.Tensor | None:
+    """``reference_latents (B, C, t, hr, wr)`` when every sample has one, None when none has."""
+    have = [s.reference_latent is not None for s in samples]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ValueError(f"a batch mixes samples with IC-LoRA reference latents ({samples[have.index(True)].__key__}) "
+                         f"and without ({samples[have.index(False)].__key__}); prepare every dataset of the blend with "
+                         "vfm prepare reference_dir=")
+    shapes = {tuple(s.reference_latent.shape) for s in samples}
+    if len(shapes) != 1:
+        raise SkipSample(f"bucket mixes reference latent shapes {sorted(shapes)}")
+    return torch.stack([s.reference_latent for s in samples])
 
 
 def _stack_audio(samples: list[ClipSample], mask: torch.Tensor, n: int) -> dict:

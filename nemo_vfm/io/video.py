@@ -28,6 +28,28 @@ def frames_to_tensor(frames_THWC: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(frames_THWC)).permute(3, 0, 1, 2).float().div(127.5).sub(1)
 
 
+def resize_crop(video, height: int | None, width: int | None, multiple: int):
+    """``(3, T, H, W)`` -> resized to cover ``height x width`` and centre-cropped; sizes cut to ``multiple``."""
+    import torch
+
+    _, _, h, w = video.shape
+    if height is not None:
+        scale = max(height / h, width / w)
+        nh, nw = max(height, round(h * scale)), max(width, round(w * scale))
+        if (nh, nw) != (h, w):
+            video = torch.nn.functional.interpolate(video.transpose(0, 1), size=(nh, nw), mode="bilinear",
+                                                    antialias=True, align_corners=False).transpose(0, 1)
+        h, w = nh, nw
+        th, tw = height, width
+    else:
+        th, tw = h, w
+    th, tw = th // multiple * multiple, tw // multiple * multiple
+    if th < multiple or tw < multiple:
+        raise ValueError(f"frames of {h}x{w} are smaller than the size multiple {multiple}")
+    y, x = (h - th) // 2, (w - tw) // 2
+    return video[:, :, y:y + th, x:x + tw]
+
+
 def write_video(path: str | os.PathLike, frames_THWC: np.ndarray, fps: float = 8.0, codec: str = "libx264",
                 crf: int = 18, audio_CS: np.ndarray | None = None, sample_rate: int | None = None) -> Path:
     """Write uint8 frames ``[T, H, W, 3]`` to an mp4 (H.264, yuv420p), atomically.

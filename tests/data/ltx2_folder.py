@@ -70,15 +70,16 @@ def build_pipeline_folder(root: Path) -> Path:
 
 
 def write_clip(path: Path, frames: int = 9, size: int = 16, fps: int = 8, audio_rate: int | None = 22050,
-               audio_channels: int = 1, seed: int = 0) -> Path:
-    """An h264 mp4 of moving noise, with a sine + noise AAC track when ``audio_rate`` is set."""
+               audio_channels: int = 1, seed: int = 0, width: int | None = None) -> Path:
+    """An h264 mp4 of moving noise (``size`` x ``width or size``), with a sine + noise AAC track when ``audio_rate``
+    is set."""
     import av
 
     rng = np.random.default_rng(seed)
-    video = rng.integers(0, 255, (frames, size, size, 3), dtype=np.uint8)
+    video = rng.integers(0, 255, (frames, size, width or size, 3), dtype=np.uint8)
     with av.open(str(path), "w") as out:
         vs = out.add_stream("libx264", rate=fps)
-        vs.width = vs.height = size
+        vs.height, vs.width = size, width or size
         vs.pix_fmt = "yuv420p"
         if audio_rate:
             a = out.add_stream("aac", rate=audio_rate)
