@@ -193,7 +193,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
         apply_memory_budget(trainer_cfg.memory_budget_gb, model=model, data=data, trainer=trainer_cfg, optim=optim,
                             lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), ema=bool(ema_decay),
-                            verbose=rank == 0)
+                            verbose=rank == 0, objective=objective)
     lock = run_lock.acquire_run(log.dir) if run_lock.is_global_zero() else None  # one run per folder
     try:
         resume = _resolve_resume(model, log, lora, rank)

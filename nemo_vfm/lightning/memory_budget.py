@@ -25,8 +25,11 @@ block and outside the blocks:
   ``cpu_offload``: weights, gradients and optimizer state live on the host; two gathered blocks (bf16 weights +
   fp32 gradients) and the weights outside the blocks stay. An EMA copy (``ema_decay``) holds every weight again, in
   its training dtype, over the same shards and where the network's are (host under ``cpu_offload``; swapped blocks).
-- activations: an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
-  values (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100, docs/finetuning.md);
+- activations, summed over the token streams the family declares (``FamilySpec.memory_streams``: Wan one video
+  stream; LTX-2 a video and an audio stream, four attentions a block on each; video only: the video stream with
+  two): an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
+  values per stream (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100,
+  docs/finetuning.md, for Wan's two attentions; ``ACT_PER_ATTENTION`` more per further attention, not fitted);
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
   block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
