@@ -138,10 +138,11 @@ def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float
     un-checkpointed block's (what a checkpointed block recomputes)."""
     full = sum(s.tokens * (_act_per_hidden(s) * s.hidden_size + s.ffn_tensors * s.ffn_size) for s in w.streams) * 2
     inp = sum(s.tokens * s.hidden_size for s in w.streams) * 2
-    attn = sum(s.tokens * s.hidden_size * s.attentions / 2 for s in w.streams) * 2  # Wan's two attentions: inp
     n = len(w.blocks)
     moved = [inp if c else full for c in _checkpointed(w, mode)]
-    return moved, (n * attn if mode == "save_attention" else 0.0), full
+    # save_attention keeps each stream's self-attention output (and those of attentions with more keys than queries:
+    # LTX-2's video-to-audio, audio-sized), about a checkpointed block's input
+    return moved, (n * inp if mode == "save_attention" else 0.0), full
 
 
 def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
