@@ -166,3 +166,38 @@ def test_a_family_without_memory_streams_is_refused(monkeypatch):
 
     with pytest.raises(NotImplementedError, match="belongs to no declared model family.*unset trainer.memory_budget_gb"):
         workload(Unknown(), _data((16, 2, 4, 4)))
+
+
+def test_train_hands_its_objective_to_the_chooser(monkeypatch, tmp_path):
+    """``train()`` passes the run's objective (whose ``trained_streams`` decide the streams counted), before
+    anything is built; with a tiny LTX-2 (LoRA: activations, not gradients, decide), the joint objective's estimate
+    exceeds the video-only one."""
+    from nemo_vfm.data.synthetic import MockLatentDataModule
+    from nemo_vfm.diffusion.audio_video import AudioVideoFlowMatching
+    from nemo_vfm.lightning import memory_budget
+    from nemo_vfm.lightning.module import OptimConfig
+    from nemo_vfm.models.common.lora import LoRAConfig
+    from nemo_vfm.models.ltx2.flavors import ltx2_config
+    from nemo_vfm.train import ExperimentConfig, TrainerConfig, train
+
+    seen = {}
+
+    def stop(*a, **kw):
+        seen.update(kw)
+        raise RuntimeError("chooser reached")
+
+    monkeypatch.setattr(memory_budget, "apply_memory_budget", stop)
+    objective = AudioVideoFlowMatching(video_only=True)
+    model = ltx2_config("tiny")
+    data = MockLatentDataModule(latent_channels=8, num_frames=2, height=4, width=4, context_dim=16, context_length=8,
+                                audio_shape=(2, 6, 4), batch_size=1, num_samples=2)
+    with pytest.raises(RuntimeError, match="chooser reached"):
+        train(model=model, data=data, objective=objective, log=ExperimentConfig(root=str(tmp_path)),
+              trainer=TrainerConfig(memory_budget_gb=24, accelerator="cpu", devices=1))
+    assert seen["objective"] is objective and not (tmp_path / "default").exists()
+    monkeypatch.undo()
+    trainer = TrainerConfig(accelerator="cpu", devices=1)
+    gib = {o.video_only: plan_memory_budget(80, model=model, data=data, trainer=trainer, optim=OptimConfig(),
+                                            objective=o, host_limit_gib=None, lora=LoRAConfig(rank=1))[0].gib
+           for o in (AudioVideoFlowMatching(), AudioVideoFlowMatching(video_only=True))}
+    assert gib[True] < gib[False]
