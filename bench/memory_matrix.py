@@ -131,7 +131,8 @@ def plan_case(name: str, case: tuple, budget: float, args) -> dict:
         choice, current = plan_memory_budget(budget, model=kw["model"], data=kw["data"], trainer=trainer,
                                              optim=kw.get("optim") or OptimConfig(), lora=kw.get("lora"),
                                              keep=tuple(trainer.memory_budget_keep), ema=bool(ema), cuda=True,
-                                             torchao=args.torchao, host_limit_gib=args.host_gib)
+                                             torchao=args.torchao, host_limit_gib=args.host_gib,
+                                             objective=kw.get("objective"))
     except ValueError as e:
         return {**row, "plan": None, "why_not": str(e).split(":")[0]}
     return {**row, "plan": choice.settings.describe(current), "estimate_gib": round(choice.gib, 1),

@@ -189,7 +189,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
     _validate_inputs(model, data, init_from, objective, distill)
     rank = int(os.environ.get("RANK", "0"))
     if trainer_cfg.memory_budget_gb is not None:  # before anything is built: sets the chosen knobs on the configs
-        _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, distill, rank)
+        _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, distill, objective, rank)
     lock = run_lock.acquire_run(log.dir) if run_lock.is_global_zero() else None  # one run per folder
     try:
         resume = _resolve_resume(model, log, lora, rank)
@@ -215,7 +215,7 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
             lock.release()
 
 
-def _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, distill, rank: int) -> None:
+def _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, distill, objective, rank: int) -> None:
     from nemo_vfm.lightning.memory_budget import apply_memory_budget
 
     if distill is not None:
@@ -224,7 +224,8 @@ def _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, disti
                                   "trainer.memory_budget_gb=None and choose the memory knobs by hand "
                                   "(activation_checkpointing, lora.frozen_dtype, distill.teacher_dtype)")
     apply_memory_budget(trainer_cfg.memory_budget_gb, model=model, data=data, trainer=trainer_cfg, optim=optim,
-                        lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), ema=bool(ema_decay), verbose=rank == 0)
+                        lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), ema=bool(ema_decay), verbose=rank == 0,
+                        objective=objective)
 
 
 def _module(model, data, objective, optim, ema_decay, cond_dropout, seed, lora, distill, sampling):

@@ -42,6 +42,11 @@ class AudioVideoFlowMatching(FlowMatching):
         if self.video_weight < 0 or self.audio_weight < 0:
             raise ValueError("AudioVideoFlowMatching.video_weight and audio_weight must be >= 0")
 
+    @property
+    def trained_streams(self) -> tuple[str, ...]:
+        """The token streams this objective runs the network on (what ``trainer.memory_budget_gb`` counts)."""
+        return ("video",) if self.video_only else ("video", "audio")
+
     def training_loss(self, net, x0: torch.Tensor, cond: dict, loss_mask: torch.Tensor | None = None,
                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
         """``x0 (B, C, T, H, W)`` video latents; ``cond`` with ``audio_latents`` unless ``video_only``."""

@@ -25,8 +25,11 @@ block and outside the blocks:
   ``cpu_offload``: weights, gradients and optimizer state live on the host; two gathered blocks (bf16 weights +
   fp32 gradients) and the weights outside the blocks stay. An EMA copy (``ema_decay``) holds every weight again, in
   its training dtype, over the same shards and where the network's are (host under ``cpu_offload``; swapped blocks).
-- activations: an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
-  values (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100, docs/finetuning.md);
+- activations, summed over the token streams the family declares (``FamilySpec.memory_streams``: Wan one video
+  stream; LTX-2 a video and an audio stream, four attentions a block on each; video only: the video stream with
+  two): an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
+  values per stream (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100,
+  docs/finetuning.md, for Wan's two attentions; ``ACT_PER_ATTENTION`` more per further attention, not fitted);
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
   block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
@@ -62,7 +65,8 @@ from pathlib import Path
 from nemo_vfm.lightning.memory_workload import Workload, workload
 
 GIB = 1024**3
-ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed block keeps (fit, see above)
+ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed Wan block keeps (fit, see above)
+ACT_PER_ATTENTION = 5.0  # of which one attention's share (modulated input, q, k, v, normed q / k, output): not fitted
 OUTSIDE_RESIDUALS = 4  # token x hidden bf16 tensors outside the blocks (embedding, head, residual gradient)
 OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces (fit, see above)
 BACKWARD_FFN_TENSORS = 3  # token x FFN-width bf16 buffers a compiled block's backward holds (fit, see above)
@@ -122,14 +126,22 @@ def _compiled(w: Workload, s: MemorySettings) -> bool:
     return w.compile and not (s.activation_offload or s.block_swap)
 
 
+def _act_per_hidden(s) -> float:
+    """bf16 values per token and hidden unit an un-checkpointed block keeps of stream ``s`` (its attentions counted:
+    ACT_PER_HIDDEN for Wan's two, ACT_PER_ATTENTION more or less for each other)."""
+    return ACT_PER_HIDDEN + ACT_PER_ATTENTION * (s.attentions - 2)
+
+
 def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float]:
     """Bytes each block keeps for backward under ``mode`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
     un-checkpointed block's (what a checkpointed block recomputes)."""
-    full = w.tokens * (ACT_PER_HIDDEN * w.hidden_size + w.ffn_tensors * w.ffn_size) * 2
-    inp = w.tokens * w.hidden_size * 2
+    full = sum(s.tokens * (_act_per_hidden(s) * s.hidden_size + s.ffn_tensors * s.ffn_size) for s in w.streams) * 2
+    inp = sum(s.tokens * s.hidden_size for s in w.streams) * 2
     n = len(w.blocks)
     moved = [inp if c else full for c in _checkpointed(w, mode)]
+    # save_attention keeps each stream's self-attention output (and those of attentions with more keys than queries:
+    # LTX-2's video-to-audio, audio-sized), about a checkpointed block's input
     return moved, (n * inp if mode == "save_attention" else 0.0), full
 
 
@@ -155,7 +167,8 @@ def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
     moved, resident, full = _kept_activations(w, s.activation_checkpointing)
     kept = min(2 * max(moved), sum(moved)) if s.activation_offload else sum(moved)  # offload: two blocks in flight
     acts = kept + resident + (full if s.activation_checkpointing != "none" else 0)
-    acts += (OUTSIDE_RESIDUALS * w.hidden_size + BACKWARD_FFN_TENSORS * w.ffn_size * _compiled(w, s)) * w.tokens * 2
+    acts += sum((OUTSIDE_RESIDUALS * t.hidden_size + BACKWARD_FFN_TENSORS * t.ffn_size * _compiled(w, s)) * t.tokens
+                for t in w.streams) * 2
     return {"weights and optimizer": weights, "max(gradients, activations)": max(grads, acts),
             "overhead": OVERHEAD_GIB * GIB}
 
@@ -341,9 +354,11 @@ def _layout(strategy, trainer) -> tuple[object, int, int]:
 
 def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, keep: tuple[str, ...] = (),
                        ema: bool = False, cuda: bool | None = None, torchao: bool | None = None,
-                       host_limit_gib: float | None | str = "this host") -> tuple[Choice, MemorySettings]:
+                       host_limit_gib: float | None | str = "this host", objective=None) -> tuple[Choice, MemorySettings]:
     """(choice, the configs' settings) for this run, nothing set; ``cuda`` (a GPU run, whose blocks ``compile="auto"``
-    compiles), ``torchao``: None: this machine's; ``host_limit_gib``: free host GiB per process. Raises as choose."""
+    compiles), ``torchao``: None: this machine's; ``host_limit_gib``: free host GiB per process; ``objective``: its
+    ``trained_streams`` (a joint audio + video objective: ``("video", "audio")``; else the video stream) decide the
+    token streams counted. Raises as choose."""
     import torch
 
     from nemo_vfm.lightning.strategy import VFMParallelStrategy
@@ -361,7 +376,8 @@ def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=No
     compiled = cfg.compile is True or (cfg.compile == "auto" and (torch.cuda.is_available() if cuda is None else cuda))
     mixed = "mixed" in str(trainer.precision)
     w = workload(model, data, lora, model_shards=model_shards, token_shards=token_shards,
-                 ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed, ema=ema)
+                 ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed, ema=ema,
+                 streams=tuple(getattr(objective, "trained_streams", ("video",))))
     opts = options(w, {k: getattr(current, k) for k in keep}, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None if torchao is None else torchao,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
@@ -371,7 +387,7 @@ def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=No
 
 
 def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=None, keep: tuple[str, ...] = (),
-                        ema: bool = False, verbose: bool = True) -> Choice:
+                        ema: bool = False, verbose: bool = True, objective=None) -> Choice:
     """:func:`plan_memory_budget`, then set the chosen knobs on ``trainer.strategy`` (``"auto"`` becomes a
     ``VFMParallelStrategy`` when a strategy knob changes), ``lora`` and ``optim``; those named in ``keep`` stay."""
     import torch
@@ -379,7 +395,7 @@ def apply_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=N
     from nemo_vfm.lightning.strategy import VFMParallelStrategy
 
     choice, current = plan_memory_budget(budget_gb, model=model, data=data, trainer=trainer, optim=optim, lora=lora,
-                                         keep=keep, ema=ema)
+                                         keep=keep, ema=ema, objective=objective)
     strategy = trainer.strategy
     if verbose:
         print(choice.report(budget_gb, current, fit_gib=budget_gb * (1 - HEADROOM)))

@@ -4,8 +4,9 @@ parameter counts per block from the network built on the meta device, tokens and
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
+
+from nemo_vfm.models.common.memory import Clip, TokenStream
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,13 @@ class Params:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """What the memory model reads of a run (per GPU and step)."""
+    """What the memory model reads of a run (per GPU and step). ``streams``: the token streams a block runs
+    (:class:`~nemo_vfm.models.common.memory.TokenStream`, tokens per GPU and step: batch x tokens per sample / the
+    token shards of the streams that context parallelism splits)."""
 
     blocks: tuple[Params, ...]
     outside: Params
-    hidden_size: int
-    ffn_size: int
-    ffn_tensors: int = 2  # FFN intermediates a block keeps per token (GELU: 2, SwiGLU: 3)
-    tokens: int  # video tokens per GPU and step (batch x tokens per sample / token shards)
+    streams: tuple[TokenStream, ...]
     forward_flops: float  # per GPU and step
     attention_share: float  # attention FLOPs / forward FLOPs
     lora: bool
@@ -48,9 +48,14 @@ class Workload:
     ema: bool = False  # the module keeps an EMA copy of the network (``ema_decay``)
 
     def __post_init__(self):
-        if not self.blocks or self.tokens < 1:
-            raise ValueError(f"a workload needs at least one block and one token, got {len(self.blocks)} blocks and "
-                             f"{self.tokens} tokens")
+        if not self.blocks or not self.streams or self.streams[0].tokens < 1:
+            raise ValueError(f"a workload needs at least one block and one video token, got {len(self.blocks)} blocks "
+                             f"and streams {self.streams}")
+
+    @property
+    def tokens(self) -> int:
+        """Video tokens per GPU and step (the first stream's)."""
+        return self.streams[0].tokens
 
 
 def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
@@ -79,28 +84,30 @@ def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
     return blocks, tally(p for p in net.parameters() if id(p) not in inside)
 
 
-def _ffn(cfg) -> tuple[int, int]:
-    """(FFN width, intermediates kept per token) of a family config."""
-    width = getattr(cfg, "ffn_size", None) or int(getattr(cfg, "mlp_ratio", 4.0) * cfg.hidden_size)
-    return width, 3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2
-
-
 def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shards: int = 1,
-             ac_every: int = 2, compile: bool = False, autocast: bool = True, ema: bool = False) -> Workload:
+             ac_every: int = 2, compile: bool = False, autocast: bool = True, ema: bool = False,
+             streams: tuple[str, ...] = ("video",)) -> Workload:
     """The :class:`Workload` of ``model_config`` on ``data`` (its ``latent_shape``, ``batch_size`` and
-    ``max_seq_length``): tokens from the latent grid and the family's patch size, FLOPs from its counter."""
+    ``max_seq_length``; ``audio_shape`` / ``reference_shape`` where it has them) for an objective that trains
+    ``streams`` (``("video", "audio")``: a joint objective): the token streams and FLOPs of a sample as the family
+    declares them (``FamilySpec.memory_streams``, :mod:`nemo_vfm.models.common.memory`). A family that declares
+    none is refused."""
     from nemo_vfm.models.families import family_spec
 
+    spec = family_spec(model_config, fallback="unset trainer.memory_budget_gb and set the memory knobs yourself")
+    if spec.memory_streams is None:
+        raise NotImplementedError(f"the {spec.name} family declares no memory_streams, so trainer.memory_budget_gb "
+                                  "cannot estimate it; unset trainer.memory_budget_gb and set the memory knobs yourself")
     _, t, h, w = data.latent_shape
     grid = tuple(n // p for n, p in zip((t, h, w), model_config.patch_size))
-    per_sample = math.prod(grid)
-    samples = data.batch_size * (max(1, data.max_seq_length // per_sample) if data.max_seq_length else 1)
-    text = [getattr(model_config, "text_len", 512)] * samples
-    flops = family_spec(model_config).flops(model_config, [per_sample] * samples, text, [grid] * samples)
+    clip = Clip(grid=grid, text_len=getattr(model_config, "text_len", 512), streams=tuple(streams),
+                audio_shape=getattr(data, "audio_shape", None), reference_shape=getattr(data, "reference_shape", None))
+    per_sample, flops = spec.memory_streams(model_config, clip, spec.flops)
+    samples = data.batch_size * (max(1, data.max_seq_length // clip.video_tokens) if data.max_seq_length else 1)
+    per_gpu = tuple(dataclasses.replace(s, tokens=max(min(1, s.tokens), samples * s.tokens // (token_shards if s.split else 1)))
+                    for s in per_sample)
     blocks, outside = count_params(model_config, lora)
-    ffn, kept = _ffn(model_config)
-    return Workload(blocks=blocks, outside=outside, hidden_size=model_config.hidden_size, ffn_size=ffn,
-                    ffn_tensors=kept, tokens=max(1, samples * per_sample // token_shards),
-                    forward_flops=flops.forward / token_shards, attention_share=flops.attention / flops.forward,
+    return Workload(blocks=blocks, outside=outside, streams=per_gpu,
+                    forward_flops=samples * flops.forward / token_shards, attention_share=flops.attention / flops.forward,
                     lora=lora is not None, model_shards=model_shards, ac_every=ac_every, compile=compile,
                     autocast=autocast, ema=ema)

@@ -51,7 +51,9 @@ class FamilySpec:
     ``flops(cfg, seq_lens, text_lens, grids)``: the analytic forward FLOPs (a
     :class:`~nemo_vfm.models.common.flops.FlopBreakdown`) of samples of ``seq_lens`` video tokens, ``text_lens`` text
     tokens and ``(t, h, w)`` patch ``grids`` (the last two may be None where the family does not need them); the
-    step log's TFLOP/s and MFU. ``build_pipeline_stages`` and ``set_stage_grid``: None for a family without pipeline
+    step log's TFLOP/s and MFU. ``memory_streams(cfg, clip, flops)``: the token streams a block runs on one sample
+    and their widths, with that sample's FLOPs, for ``trainer.memory_budget_gb``
+    (:mod:`nemo_vfm.models.common.memory`; None: the memory model refuses the family). ``build_pipeline_stages`` and ``set_stage_grid``: None for a family without pipeline
     stages."""
 
     name: str
@@ -79,6 +81,7 @@ class FamilySpec:
     weights: WeightsAdapter | None = None
     save_weights: Callable | None = None
     comfyui_lora: Callable | None = None
+    memory_streams: Callable | None = None
 
     @property
     def parallelize(self) -> Callable:

@@ -13,6 +13,7 @@ Pipeline parallelism is not offered for Cosmos: :func:`check_layout` refuses ``p
 
 from __future__ import annotations
 
+from nemo_vfm.models.common.memory import single_stream
 from nemo_vfm.models.cosmos.convert import save_weights
 from nemo_vfm.models.cosmos.flops import cosmos_forward_flops
 from nemo_vfm.models.cosmos.model import CosmosConfig
@@ -47,5 +48,5 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
 SPEC = FamilySpec(name="cosmos", config=CosmosConfig, check_layout=check_layout, knobs=DENSE_KNOBS, tp_plan=TP_PLAN,
                   sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT, self_attention_cores=SELF_ATTENTION_CORES,
                   sp_scaled_inputs=("crossattn_proj",), tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
-                  flops=cosmos_forward_flops,
+                  flops=cosmos_forward_flops, memory_streams=single_stream,
                   weights=ADAPTER, save_weights=save_weights)

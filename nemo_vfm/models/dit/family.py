@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from nemo_vfm.models.common.attention import check_sparse_layout
+from nemo_vfm.models.common.memory import single_stream
 from nemo_vfm.models.common.moe import MoE
 from nemo_vfm.models.dit.flops import dit_forward_flops
 from nemo_vfm.models.dit.model import DiTConfig
@@ -94,4 +95,4 @@ SPEC = FamilySpec(name="dit", config=DiTConfig, check_layout=check_layout, knobs
                   tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
                   self_attention_cores=SELF_ATTENTION_CORES, moe_modules=MOE_MODULES, moe_type=MoE,
                   tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,
-                  set_stage_grid=set_stage_grid, flops=dit_forward_flops)
+                  set_stage_grid=set_stage_grid, flops=dit_forward_flops, memory_streams=single_stream)

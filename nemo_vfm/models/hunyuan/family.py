@@ -22,6 +22,7 @@ neither splits that sequence), and pipeline parallelism.
 
 from __future__ import annotations
 
+from nemo_vfm.models.common.memory import single_stream
 from nemo_vfm.models.hunyuan.convert import save_weights
 from nemo_vfm.models.hunyuan.flops import hunyuan_forward_flops
 from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
@@ -63,5 +64,5 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
 SPEC = FamilySpec(name="hunyuanvideo", config=HunyuanVideoConfig, check_layout=check_layout, knobs=KNOBS,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity={}, token_split=TOKEN_SPLIT,
                   self_attention_cores=("core",), cp_core=JointContextParallelCore, tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED, flops=hunyuan_forward_flops,
+                  pp_duplicated=PP_DUPLICATED, flops=hunyuan_forward_flops, memory_streams=single_stream,
                   weights=ADAPTER, save_weights=save_weights)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nemo_vfm.models.kandinsky6.convert import save_weights
-from nemo_vfm.models.kandinsky6.flops import kandinsky6_forward_flops
+from nemo_vfm.models.kandinsky6.flops import kandinsky6_forward_flops, memory_streams
 from nemo_vfm.models.kandinsky6.model import Kandinsky6Config
 from nemo_vfm.models.kandinsky6.weights import ADAPTER
 from nemo_vfm.models.spec import COMMON_KNOBS, FamilySpec, TokenSplit
@@ -121,5 +121,5 @@ def comfyui_lora(lora_state, cfg, rank, alpha, dtype):
 SPEC = FamilySpec(name="kandinsky6", config=Kandinsky6Config, check_layout=check_layout, knobs=COMMON_KNOBS,
                   tp_plan=TP_PLAN, sp_input_arity={}, token_split=TOKEN_SPLIT, pad_tokens=False,
                   self_attention_cores=SELF_ATTENTION_CORES, install_cp=install_cp, tp_partial=TP_PARTIAL,
-                  flops=kandinsky6_forward_flops, weights=ADAPTER, save_weights=save_weights,
-                  comfyui_lora=comfyui_lora)
+                  flops=kandinsky6_forward_flops, memory_streams=memory_streams, weights=ADAPTER,
+                  save_weights=save_weights, comfyui_lora=comfyui_lora)

@@ -66,3 +66,18 @@ def kandinsky6_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[i
         linear += lin + cfg.num_layers * blin
         attention += att + cfg.num_layers * batt
     return FlopBreakdown(linear=float(linear), attention=float(attention))
+
+
+def memory_streams(cfg, clip, flops=kandinsky6_forward_flops):
+    """The Kandinsky 6 fused block's streams for the memory model (:mod:`nemo_vfm.models.common.memory`): the video
+    tokens through the self- and text attention and the GELU FFN (``cfg.ffn_size``). The training path runs the video
+    stream only: the audio stream's weights are held (the network is built whole) but it runs no tokens, so an
+    objective that trains the audio stream is refused here (none is built for Kandinsky 6)."""
+    from nemo_vfm.models.common.memory import TokenStream
+
+    if "audio" in clip.streams or clip.reference_shape is not None:
+        raise ValueError(f"Kandinsky 6 trains its video stream only: the memory model cannot count the streams "
+                         f"{clip.streams} or reference tokens (reference_shape={clip.reference_shape}) for it")
+    s = clip.video_tokens
+    video = TokenStream(name="video", tokens=s, hidden_size=cfg.hidden_size, ffn_size=cfg.ffn_size)
+    return (video,), flops(cfg, [s], [clip.text_len], [clip.grid])

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from nemo_vfm.models.ltx2.attention import LTX2Attention
 from nemo_vfm.models.ltx2.comfy_lora import comfyui_lora_state
 from nemo_vfm.models.ltx2.convert import save_weights
-from nemo_vfm.models.ltx2.flops import ltx2_forward_flops
+from nemo_vfm.models.ltx2.flops import ltx2_forward_flops, memory_streams
 from nemo_vfm.models.ltx2.model import LTX2Config
 from nemo_vfm.models.ltx2.weights import ADAPTER
 from nemo_vfm.models.spec import COMMON_KNOBS, FamilySpec, TokenSplit
@@ -98,4 +98,5 @@ def check_layout(cfg, dims: ParallelDims, latent_shape: tuple[int, int, int] | N
 SPEC = FamilySpec(name="ltx2", config=LTX2Config, check_layout=check_layout, knobs=KNOBS, tp_plan=TP_PLAN,
                   tp_optional=TP_OPTIONAL, sp_input_arity={}, token_split=TOKEN_SPLIT, install_cp=install_cp,
                   tp_group_types=(WanRMSNorm, LTX2Attention), tp_partial=TP_PARTIAL, flops=ltx2_forward_flops,
-                  weights=ADAPTER, save_weights=save_weights, comfyui_lora=comfyui_lora_state)
+                  memory_streams=memory_streams, weights=ADAPTER, save_weights=save_weights,
+                  comfyui_lora=comfyui_lora_state)

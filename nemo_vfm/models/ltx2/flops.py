@@ -23,6 +23,7 @@ latent frames at ``cfg.fps``), which needs ``grids``; without either, the video 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from nemo_vfm.models.common import flops as count
@@ -81,3 +82,23 @@ def ltx2_forward_flops(cfg, seq_lens: Sequence[int], text_lens: Sequence[int] | 
         linear += lin + cfg.num_layers * blk_lin
         attention += cfg.num_layers * blk_att
     return FlopBreakdown(linear=float(linear), attention=float(attention))
+
+
+def memory_streams(cfg, clip, flops=ltx2_forward_flops):
+    """The LTX-2 block's streams for the memory model (:mod:`nemo_vfm.models.common.memory`): the video tokens (with
+    IC-LoRA's reference tokens, ``clip.reference_shape`` cut into patches) through the self-, text, audio-to-video
+    (queries) and video-to-audio (keys, values) attentions and the 4x GELU FFN; the audio tokens (``clip.audio_shape``'s
+    ``La``, else :func:`audio_frames_for` the clip) alike, replicated over CP ranks. Video only (the objective trains
+    no audio): the audio stream and both cross-modal attentions do not run; the video stream keeps two attentions."""
+    from nemo_vfm.models.common.memory import TokenStream
+
+    s = clip.video_tokens
+    if clip.reference_shape is not None:
+        s += math.prod(n // p for n, p in zip(clip.reference_shape[1:], cfg.patch_size))
+    audio = "audio" in clip.streams
+    a = (clip.audio_shape[1] if clip.audio_shape is not None else audio_frames_for(cfg, clip.grid)) if audio else 0
+    d, da = cfg.hidden_size, cfg.audio_hidden_size
+    streams = [TokenStream(name="video", tokens=s, hidden_size=d, ffn_size=4 * d, attentions=4 if audio else 2)]
+    if audio:
+        streams.append(TokenStream(name="audio", tokens=a, hidden_size=da, ffn_size=4 * da, attentions=4, split=False))
+    return tuple(streams), flops(cfg, [s], [clip.text_len], [clip.grid], audio_lens=[a])

@@ -18,6 +18,7 @@ import math
 
 from torch import nn
 
+from nemo_vfm.models.common.memory import single_stream
 from nemo_vfm.models.common.moe import MoE
 from nemo_vfm.models.dit.pipeline_stages import copy_stage, stage_layers
 from nemo_vfm.models.moviegen.flops import moviegen_forward_flops
@@ -109,4 +110,4 @@ SPEC = FamilySpec(name="moviegen", config=MovieGenConfig, check_layout=check_lay
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
                   self_attention_cores=SELF_ATTENTION_CORES, moe_modules=("mlp",), moe_type=MoE,
                   tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED, build_pipeline_stages=build_pipeline_stages,
-                  set_stage_grid=set_stage_grid, flops=moviegen_forward_flops)
+                  set_stage_grid=set_stage_grid, flops=moviegen_forward_flops, memory_streams=single_stream)

@@ -13,6 +13,7 @@ Packed batches under SP go through the token split.
 
 from __future__ import annotations
 
+from nemo_vfm.models.common.memory import single_stream
 from nemo_vfm.models.spec import DENSE_KNOBS, FamilySpec, TokenSplit
 from nemo_vfm.models.stdit.flops import stdit_forward_flops
 from nemo_vfm.models.stdit.model import STDiTConfig
@@ -88,4 +89,4 @@ SPEC = FamilySpec(name="stdit", config=STDiTConfig, check_layout=check_layout,
                   layout_knobs=_FACTORIZED,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
                   pad_tokens=False, install_cp=install_cp, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
-                  flops=stdit_forward_flops)
+                  flops=stdit_forward_flops, memory_streams=single_stream)

@@ -16,6 +16,7 @@ layouts TP/SP, CP, FSDP/HSDP cover it): :func:`check_layout` refuses ``pp > 1``.
 from __future__ import annotations
 
 from nemo_vfm.models.common.attention import check_sparse_layout
+from nemo_vfm.models.common.memory import single_stream
 from nemo_vfm.models.spec import DENSE_KNOBS, FamilySpec, TokenSplit, check_unpipelined_layout
 from nemo_vfm.models.wan.comfy_lora import comfyui_lora_state
 from nemo_vfm.models.wan.convert import save_weights
@@ -56,6 +57,6 @@ SPEC = FamilySpec(name="wan", config=WanConfig, check_layout=check_layout, knobs
                   tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
                   self_attention_cores=SELF_ATTENTION_CORES, tp_group_types=(WanRMSNorm,),
                   sp_scaled_inputs=("text_embedding", "img_emb"), tp_partial=TP_PARTIAL,
-                  pp_duplicated=PP_DUPLICATED, flops=wan_forward_flops,
+                  pp_duplicated=PP_DUPLICATED, flops=wan_forward_flops, memory_streams=single_stream,
                   weights=ADAPTER, save_weights=save_weights,
                   comfyui_lora=comfyui_lora_state)
