@@ -300,18 +300,22 @@ class DMD2:
         noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
         return add_noise(self.objective, x0, noise, level), level
 
-    def gan_generator_loss(self, x0: torch.Tensor, discriminate,
-                           generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    def gan_generator_loss(self, x0: torch.Tensor, discriminate, generator: torch.Generator | None = None,
+                           complete_grad=None) -> tuple[torch.Tensor, dict]:
         """The generator's GAN term (scalar, ``gan_weight`` applied) and logs for the student's ``x0 (B, C, T, H, W)``:
         ``gan_weight * mean(softplus(-D(x_t, level)))`` at one drawn level and noise per sample
         (:meth:`draw_level`). ``discriminate(x_t, level) -> (B,)`` logits. Its gradient reaches ``x0`` only: the
         discriminator's gradient with respect to its input is taken here (``torch.autograd.grad``), so no gradient
-        lands on the critic's weights, and the returned loss carries it to ``x0`` (its value is the GAN loss)."""
+        lands on the critic's weights, and the returned loss carries it to ``x0`` (its value is the GAN loss).
+        ``complete_grad(grad) -> grad``: makes that input gradient whole on every rank where the discriminator's
+        tokens are split over ranks (each then holds its own tokens' part; the Lightning module passes it)."""
         x = x0.detach().requires_grad_(True)
         with torch.enable_grad():
             x_t, level = self._noised(x, generator)
             value = self.gan_weight * F.softplus(-discriminate(x_t, level).float()).mean()
             (grad,) = torch.autograd.grad(value, x)
+        if complete_grad is not None:
+            grad = complete_grad(grad)
         surrogate = (x0.float() * grad.float()).sum()
         loss = surrogate - surrogate.detach() + value.detach()
         return loss, {"gan_generator_loss": value.detach()}

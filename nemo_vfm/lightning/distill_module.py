@@ -23,9 +23,10 @@ With ``gan_weight > 0`` the critic also carries DMD2's GAN discriminator: :class
 one critic block's output (``gan_feature_block``, default the middle one), a replicated module trained with the critic
 (its gradients averaged over the data-parallel ranks, clipped with the critic's); the generator's turn adds its GAN
 term and every critic turn the classification loss on noised real latents (the batch's) against noised student
-samples (:class:`~nemo_vfm.diffusion.distillation.DMD2`). With FSDP / data parallelism only: under context
-parallelism the tokens are split, and under tensor parallelism the weights did not match one process's in our
-2-process gloo test, so both raise.
+samples (:class:`~nemo_vfm.diffusion.distillation.DMD2`). Under FSDP, TP, SP and CP alike: under sequence or
+context parallelism the block's output holds each rank's tokens, so the head reads them gathered (the token splitter
+that ``parallelize`` leaves on the critic as ``vfm_token_parallel``), its gradient is whole on every rank (no TP sum)
+and the discriminator's input gradient is completed over the token-split ranks (:meth:`_whole_input_grad`).
 
 The student's schedule (``generation["student"]``: its noise levels) is saved in every checkpoint's header, so
 ``vfm generate`` samples a student with its own few-step schedule and no CFG.
@@ -132,13 +133,6 @@ class DistillationModule(DiffusionModule):
         if getattr(strategy, "pipeline_parallel", False):
             raise NotImplementedError("DMD2 distillation under pipeline parallelism is not built; use FSDP, TP or CP "
                                       "(trainer.strategy.pipeline_model_parallel_size=1)")
-        if self.dmd.gan:
-            dims = getattr(strategy, "dims", None)
-            if dims is not None and (dims.cp > 1 or dims.tp > 1):
-                raise NotImplementedError("DMD2's GAN term under context or tensor parallelism is not built (under CP "
-                                          "the discriminator's tokens are split; under TP its weights do not yet match "
-                                          "one process); set distill.gan_weight=0, or distil with FSDP / data "
-                                          "parallelism only")
         base = self.build_network()
         self.teacher = copy.deepcopy(base).requires_grad_(False)
         if self.distill.teacher_dtype is not None:  # (on the meta device too: the weights arrive cast)
@@ -176,11 +170,15 @@ class DistillationModule(DiffusionModule):
         through the GAN head."""
         from nemo_vfm.diffusion.distillation import predict_x0
 
+        tokens = getattr(self.critic, "vfm_token_parallel", None)  # set by parallelize under SP or CP
+
         def discriminate(x_t, level):
             self._gan_features = []
             try:
                 out = predict_x0(self.objective, self.critic, x_t, level, cond)
                 features = self._gan_features[0]
+                if tokens is not None:  # under SP / CP the block's output holds this rank's tokens: gather them all
+                    features = tokens.gather(features)
             finally:
                 self._gan_features = None
             if features.dim() != 3 or features.shape[-1] != self.gan_head.net[0].normalized_shape[0]:
@@ -190,6 +188,21 @@ class DistillationModule(DiffusionModule):
             return self.gan_head(features) + 0.0 * out.float().mean()
 
         return discriminate
+
+    def _whole_input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """The discriminator's gradient with respect to its input, whole on every rank. Under sequence or context
+        parallelism each rank's holds its own tokens' part (the token split's backward pads the rest with zeros),
+        times ``cp`` (the feature gather's backward scale, which the data-parallel average of the critic's weights
+        undoes): the sum over the token-split ranks, divided by ``cp``."""
+        tokens = getattr(self.critic, "vfm_token_parallel", None)
+        if tokens is None:
+            return grad
+        import torch.distributed as dist
+
+        for group in (tokens.sp_group, tokens.cp_group):
+            if group is not None:
+                dist.all_reduce(grad, group=group)
+        return grad / tokens.cp
 
     def extra_networks(self) -> dict[str, torch.nn.Module]:
         """The networks the strategy lays out besides ``model`` and ``ema``."""
@@ -234,7 +247,7 @@ class DistillationModule(DiffusionModule):
         if generator_turn:
             gen_loss, gen_logs = self.dmd.generator_loss(x0, self.teacher, self.critic, cond, uncond, g)
             if discriminate is not None:
-                gan_loss, gan_logs = self.dmd.gan_generator_loss(x0, discriminate, g)
+                gan_loss, gan_logs = self.dmd.gan_generator_loss(x0, discriminate, g, self._whole_input_grad)
                 gen_loss, gen_logs = gen_loss + gan_loss, {**gen_logs, **gan_logs}
             backward(gen_loss)
             loss, logs = gen_loss.detach(), {**logs, **gen_logs, "generator_loss": gen_loss.detach()}

@@ -83,9 +83,11 @@ def train_step(module, batch, batch_idx: int) -> torch.Tensor:
         pipeline.sync_duplicated_grads()
     if mesh is not None:
         for net in nets:
-            # a replicated module beside the laid-out networks (DMD2's GAN head): averaged over data parallel here
+            # a replicated module beside the laid-out networks (DMD2's GAN head): its gradient is whole on every TP
+            # rank (no TP sum, even under sequence parallel); averaged over data parallel here
             replicated = getattr(net, "vfm_replicated", False)
-            sync_grads(net, mesh, tp_partial=spec.tp_partial, reduce_dp=reducer is None, fsdp=False if replicated else None)
+            sync_grads(net, mesh, tp_partial=spec.tp_partial, reduce_dp=reducer is None,
+                       fsdp=False if replicated else None, tp_sum=not replicated)
 
     # 4. gradient norm (mesh-wide, per group) -> non-finite decision (the same on every rank) -> clipping
     with torch.no_grad():

@@ -73,16 +73,19 @@ def sync_grads(
     pp_duplicated: tuple[str, ...] = (),
     fsdp: bool | None = None,
     reduce_dp: bool = True,
+    tp_sum: bool = True,
 ) -> None:
     """Reduce gradients as described in the module docstring (call after backward, before step).
 
     ``tp_partial`` / ``pp_duplicated``: fnmatch patterns of parameter names. ``reduce_dp=False``: the data-parallel
-    average is done already (``nemo_vfm.parallel.grad_reduce.GradReducer``, during backward).
+    average is done already (``nemo_vfm.parallel.grad_reduce.GradReducer``, during backward). ``tp_sum=False``: a
+    module replicated beside the laid-out networks that computed its full gradient on every TP rank (DMD2's GAN head,
+    on gathered features): step 1 skips it, so sequence parallel does not multiply its gradient by ``tp``.
     """
     dims = pmesh.dims
     fsdp = dims.fsdp if fsdp is None else fsdp
     named = [(clean_name(n), p) for n, p in model.named_parameters() if p.grad is not None]
-    if dims.tp > 1:
+    if dims.tp > 1 and tp_sum:
         part = [
             local_shard(p.grad)
             for n, p in named

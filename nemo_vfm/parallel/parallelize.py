@@ -147,6 +147,7 @@ def _apply(
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         tok = TokenParallel(pmesh, pad=spec.pad_tokens, plan=spec.token_split)
         install_token_hooks(model, tok)
+        model.vfm_token_parallel = tok  # gathers a block's token-local output (DMD2's GAN features) as the output's
     moe_layers = _prepare_moe(spec, owned, pmesh, tok)
     if float8:
         apply_float8(nn.ModuleList(owned), float8, float8_modules)

@@ -1,6 +1,7 @@
 """DMD2 distillation (``nemo_vfm.lightning.distill_module``) through ``train()`` on 2 gloo processes trains like one
 process: the student's and the critic's weights after 4 steps (two of them updating the student), under FSDP2 with
-CP2 (ring and all-to-all) and TP2 with sequence parallel; the teacher never moves."""
+CP2 (ring and all-to-all) and TP2 with sequence parallel; the teacher never moves. With DMD2's GAN term too (its
+head's weights as well), under TP2, TP2 + SP and CP2."""
 
 import pytest
 from gloo_launcher import run_distributed
@@ -84,6 +85,30 @@ def test_distillation_layouts_train_like_one_process(reference, tmp_path):
     assert all(torch.equal(results[0][n]["model"][k], results[1][n]["model"][k]) for n in LAYOUTS
                for k in ref["model"])
 
+
+GAN = dict(gan_weight=0.01, gan_critic_weight=0.05)
+GAN_LAYOUTS = {
+    "TP2": dict(tensor_model_parallel_size=2),
+    "TP2 + SP": dict(tensor_model_parallel_size=2, sequence_parallel=True),
+    "CP2 ring + FSDP": dict(context_parallel_size=2),
+}
+
+
+def test_the_gan_term_trains_like_one_process_under_tp_sp_and_cp(tmp_path):
+    """DMD2's GAN term (the discriminator head on a critic block's output) on 2 ranks gives one process's student,
+    critic and head. Under SP / CP the block's output holds each rank's tokens: the head reads them gathered, its
+    gradient is whole on every rank (not summed over TP), and the discriminator's input gradient (the generator's
+    GAN term) is completed over the token-split ranks."""
+    ref = run_distributed(_distil, 1, str(tmp_path / "one"), {"one": {}}, GAN)[0]["one"]
+    assert _max_err(ref["gan_head"], ref["gan_head0"]) > 0  # the head trained
+    results = run_distributed(_distil, 2, str(tmp_path / "two"), GAN_LAYOUTS, GAN)
+    failures = {}
+    for name in GAN_LAYOUTS:
+        for r in results:
+            errs = {net: _max_err(r[name][net], ref[net]) for net in ("model", "critic", "gan_head", "ema")}
+            if not all(e < 1e-5 for e in errs.values()):
+                failures[name] = errs
+    assert not failures, failures
 
 
 def test_the_gan_heads_stay_replicated_and_a_bf16_teacher_runs_under_fsdp(tmp_path):
