@@ -1,5 +1,5 @@
 """Training runs of pipeline families sample with ``vfm generate --ckpt RUN``: a tiny LoRA run of LTX-2 and of
-Kandinsky 6, fine-tuned (two steps, mock batches, an EMA copy) from the tiny pipeline folders of
+Kandinsky 6 (and LTX-2's video-only LoRA), fine-tuned (two steps, mock batches, an EMA copy) from the tiny pipeline folders of
 test_ltx2_generate / test_kandinsky6_audio_generate, samples what diffusers' pipeline samples with the run's merged
 EMA weights in its transformer (same seed, the pipeline's guidance), and ``vfm generate --ckpt RUN`` writes an mp4
 with an audio track; a run without ``model.pretrained`` is refused naming the fix, before the weights load."""
@@ -46,20 +46,21 @@ def _audio_streams(mp4) -> int:
         return len(f.streams.audio)
 
 
-@pytest.fixture(scope="module")
-def ltx2_run(pipe_and_folder, tmp_path_factory):  # noqa: F811
+@pytest.fixture(scope="module", params=["lora_ltx2", "lora_ltx2_video"])
+def ltx2_run(request, pipe_and_folder, tmp_path_factory):  # noqa: F811
+    """A run of ``lora_ltx2`` (both streams) or ``lora_ltx2_video`` (video only: sampled with the base's audio)."""
     import nemo_vfm_recipes.ltx2 as L
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.inference.ltx2 import ltx2_checkpoint_info
     from nemo_vfm.models.ltx2.model import LTX2Config
 
-    root = pipe_and_folder[1]
-    recipe = L.lora_ltx2()
+    root, video_only = pipe_and_folder[1], request.param.endswith("video")
+    recipe = getattr(L, request.param)()
     cfg = vars(ltx2_checkpoint_info(root).model_config)  # the folder's sizes (audio_mel_bins from its audio VAE)
     recipe.model = fdl.Config(LTX2Config, **{**cfg, "cross_timestep": False, "pretrained": str(root)})
     data = fdl.Config(MockLatentDataModule, latent_channels=8, num_frames=2, height=3, width=2, context_dim=16,
-                      context_length=4, batch_size=2, num_samples=4, audio_shape=(2, 5, 4))
-    return _train(recipe, data, root, tmp_path_factory.mktemp("ltx2_run"), "lora_ltx2")
+                      context_length=4, batch_size=2, num_samples=4, audio_shape=None if video_only else (2, 5, 4))
+    return _train(recipe, data, root, tmp_path_factory.mktemp("ltx2_run"), request.param)
 
 
 def test_ltx2_run_samples_as_the_pipeline_with_its_weights(pipe_and_folder, ltx2_run):  # noqa: F811
