@@ -80,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V, "
                                    "Cosmos, LTX-2 and Kandinsky 6 folders): the first frame")
     p.add_argument("--no-audio", action="store_true",
-                   help="Kandinsky 6 folders with audio_vae/ and vocoder/: video only (the pipeline's "
-                        "sample_audio=False); without it they sample video and sound together")
+                   help="Kandinsky 6 folders with audio_vae/ and vocoder/ (and runs fine-tuned from them): video "
+                        "only (the pipeline's sample_audio=False); without it they sample video and sound together")
     p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
                                    "generation size)")
     p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "

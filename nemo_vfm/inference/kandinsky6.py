@@ -4,7 +4,9 @@ video, with sound when the folder has an audio VAE and a vocoder).
 A *Kandinsky 6 folder* is a diffusers ``Kandinsky6TI2VAPipeline`` folder (``transformer/``, ``vae/``
 (HunyuanVideo's VAE), ``text_encoder/`` + ``tokenizer/`` (Qwen2.5-VL), ``text_encoder_2/`` + ``tokenizer_2/`` (CLIP),
 ``scheduler/``, and optionally ``audio_vae/`` (``MMAudioVAE``) + ``vocoder/`` (``MMAudioVocoder``)), or a transformer
-folder alone (which trains and exports, but has nothing to generate with). :func:`kandinsky6_checkpoint_info`
+folder alone (which trains and exports, but has nothing to generate with). A training run samples the same way: its
+transformer from the run, everything else from the pipeline folder of its ``model.pretrained``
+(:func:`kandinsky6_run_info`). :func:`kandinsky6_checkpoint_info`
 describes it like a training checkpoint; ``vfm generate`` then does what the pipeline's ``__call__`` does at its
 defaults: ``sample_audio=True`` when the folder has ``audio_vae/`` and ``vocoder/`` (:func:`generate_kandinsky6_av`),
 else, or with ``--no-audio``, ``sample_audio=False`` (:func:`generate_kandinsky6`, saying so once when the folder has
@@ -115,9 +117,8 @@ def clip_encoder(info, device: str = "cpu"):
     from nemo_vfm.tokenizers.clip_pooled import ClipPooledEncoder
 
     if "clip_encoder" not in info.generation:
-        raise ValueError(f"{info.path} does not record a CLIP text encoder (only published Kandinsky 6 pipeline folders "
-                         "do); export the run with `vfm export --format diffusers`, copy the pipeline's other folders "
-                         "beside its transformer/, and generate from that folder")
+        raise ValueError(f"{info.path} does not record a CLIP text encoder (Kandinsky 6 pipeline folders do, and runs "
+                         "read with kandinsky6_run_info); read a run with kandinsky6_run_info(info) first")
     return ClipPooledEncoder(info.generation["clip_encoder"]["path"], device=device)
 
 

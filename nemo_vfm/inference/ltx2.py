@@ -25,6 +25,9 @@ frame at CRF 33, resized, encoded: :func:`image_latents`) is the clean first lat
 Under torchrun with ``--cp N`` every rank runs the same loop on the same noise while the network splits the video
 tokens over the CP ranks (the audio stream is replicated), rank 0 encodes the text and decodes.
 
+A training run (``lora_ltx2``, ``lora_ltx2_video``, ``finetune_ltx2``) samples the same way: its transformer from the
+run, everything else from the pipeline folder of its ``model.pretrained`` (:func:`ltx2_run_info`).
+
 Deviation: STG runs only when the folder's transformer is built with ``perturbed_attn`` (LTX-2.3 folders); without
 it diffusers' STG pass is the plain conditional pass (its delta is zero), so it is skipped here.
 Not built (they raise saying so): ``--cfg-parallel`` (``--tp`` is refused by the family's layout
