@@ -80,10 +80,11 @@ def run_pipeline(info, parts: tuple[str, ...], what: str) -> Path:
                          f"encoder, VAE and scheduler from: vfm generate samples such a run with the parts of the "
                          f"pipeline folder it was fine-tuned from; fine-tune with model.pretrained=PIPELINE_FOLDER")
     given = Path(pretrained)
-    if not given.is_dir():
+    if not given.exists():
         raise ValueError(f"{info.path} was fine-tuned from model.pretrained={pretrained}, which is not here; put the "
                          f"{what} folder there (or link it) to sample this run")
-    root = given.parent if (given / "config.json").is_file() else given  # a transformer folder: its pipeline's
+    # a transformer folder or a weights file: the pipeline folder around it
+    root = given.parent if given.is_file() or (given / "config.json").is_file() else given
     missing = [d for d in parts if not (root / d).is_dir()]
     if missing:
         raise ValueError(f"{info.path} samples with the {what} folder of its model.pretrained ({pretrained}), but "
