@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders: 30; Kandinsky 6 "
-                                                            "folders: 50; a distilled student: its own)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders and runs: 30; "
+                                                            "Kandinsky 6: 50; a distilled student: its own)")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 5; "
                                                                 "LTX-2 folders: the video's, default 3, the audio's "
                                                                 "stays 7; a distilled student: 1)")
