@@ -24,6 +24,10 @@ Python::
     from nemo_vfm_recipes import kandinsky6
     recipe = kandinsky6.lora_kandinsky6_3b()
     recipe.model.pretrained = "/models/Kandinsky-6.0-Lite-5s-Diffusers"
+
+Sample a run: ``vfm generate --ckpt experiments/lora_kandinsky6_3b --prompt "..."`` takes the transformer from the run
+(EMA weights when it has them, the LoRA merged) and the text encoders, VAE and scheduler from the pipeline folder of
+``model.pretrained`` (with sound when that folder has ``audio_vae/`` and ``vocoder/``; docs/models.md, "Kandinsky 6").
 """
 
 import nemo_run as run
@@ -75,6 +79,7 @@ def finetune_kandinsky6_3b() -> run.Partial:
     tensor_model_parallel_size=2``, ``context_parallel_size=2``). GPU speed and memory not measured.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_kandinsky6_3b --yes model.pretrained=DIR``
     Python: ``recipe = kandinsky6.finetune_kandinsky6_3b(); recipe.model.pretrained = DIR``
+    Sample it: ``vfm generate --ckpt experiments/finetune_kandinsky6_3b --prompt "..."``
     """
     return parallel.with_fsdp(_finetune("lite_3b", "finetune_kandinsky6_3b"), activation_checkpointing="full")
 
@@ -85,6 +90,7 @@ def lora_kandinsky6_3b() -> run.Partial:
     frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing. GPU speed and memory not measured.
     CLI: ``python launchers/train.py --factory lora_kandinsky6_3b --yes model.pretrained=DIR lora.rank=64``
     Python: ``recipe = kandinsky6.lora_kandinsky6_3b(); recipe.lora.rank = 64``
+    Sample it: ``vfm generate --ckpt experiments/lora_kandinsky6_3b --prompt "..."``
     """
     recipe = with_lora(_finetune("lite_3b", "lora_kandinsky6_3b"), rank=32, targets=KANDINSKY6_LORA_TARGETS,
                        frozen_dtype="bf16")

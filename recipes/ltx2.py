@@ -57,6 +57,10 @@ Python::
 
     from nemo_vfm_recipes import ltx2
     recipe = ltx2.with_video_only(ltx2.lora_ltx2())
+
+Sample a run: ``vfm generate --ckpt experiments/lora_ltx2 --prompt "..."`` takes the transformer from the run (EMA
+weights when it has them, the LoRA merged) and the text encoder, connectors, VAEs, vocoder and scheduler from the
+pipeline folder of ``model.pretrained``, and writes video with sound (docs/models.md, "LTX-2").
 """
 
 import nemo_run as run
@@ -118,6 +122,7 @@ def finetune_ltx2() -> run.Partial:
     all-to-all context parallelism over the video tokens work too. GPU speed and memory not measured.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory finetune_ltx2 --yes model.pretrained=DIR``
     Python: ``recipe = ltx2.finetune_ltx2(); recipe.model.pretrained = DIR``
+    Sample it: ``vfm generate --ckpt experiments/finetune_ltx2 --prompt "..."``
     """
     return parallel.with_fsdp(_finetune("finetune_ltx2"), activation_checkpointing="full")
 
@@ -129,6 +134,7 @@ def lora_ltx2() -> run.Partial:
     bf16, FSDP2 over the GPUs given, full activation checkpointing. GPU speed and memory not measured.
     CLI: ``python launchers/train.py --factory lora_ltx2 --yes model.pretrained=DIR data.path=PREPARED lora.rank=64``
     Python: ``recipe = ltx2.lora_ltx2(); recipe.lora.rank = 64``
+    Sample it: ``vfm generate --ckpt experiments/lora_ltx2 --prompt "..."``
     """
     recipe = with_lora(_finetune("lora_ltx2"), rank=32, targets=LTX2_LORA_TARGETS, frozen_dtype="bf16")
     return parallel.with_fsdp(recipe, activation_checkpointing="full")
@@ -140,6 +146,8 @@ def lora_ltx2_video() -> run.Partial:
     attention and feed-forward linears. GPU speed and memory not measured.
     CLI: ``python launchers/train.py --factory lora_ltx2_video --yes model.pretrained=DIR data.path=DIR``
     Python: ``recipe = ltx2.lora_ltx2_video()``
+    Sample it: ``vfm generate --ckpt experiments/lora_ltx2_video --prompt "..."`` (video and
+    sound: the audio stream is the base's; the other parts from model.pretrained)
     """
     recipe = with_video_only(with_lora(_finetune("lora_ltx2_video"), rank=32, targets=LTX2_LORA_TARGETS,
                                        frozen_dtype="bf16"))

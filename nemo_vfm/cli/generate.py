@@ -20,6 +20,8 @@
     vfm generate --ckpt /models/Kandinsky-6-Lite --prompt "rain on a tin roof" [--image first.png] [--no-audio]
     # LTX-2 pipeline folders: video with sound (an mp4 with an audio track and a wav per prompt), optionally from an image
     vfm generate --ckpt /models/LTX-2 --prompt "a drummer on a rooftop at dusk" [--image first.png]
+    # an LTX-2 or Kandinsky 6 training run: its transformer, the other parts from its model.pretrained pipeline folder
+    vfm generate --ckpt experiments/lora_ltx2 --prompt "a drummer on a rooftop at dusk"
     # sparse self-attention (DiT, Wan): sliding tile attention over 3D tiles of the latent grid
     vfm generate --ckpt /models/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --attention sta --attention-window 3x3x3
 """
@@ -37,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file with one prompt per line")
     p.add_argument("--out", default="generated", help="output folder")
-    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders: 30; Kandinsky 6 "
-                                                            "folders: 50; a distilled student: its own)")
+    p.add_argument("--steps", type=int, default=None, help="sampler steps (default 35; LTX-2 folders and runs: 30; "
+                                                            "Kandinsky 6: 50; a distilled student: its own)")
     p.add_argument("--guidance", type=float, default=None, help="classifier-free guidance scale (1 = off; default 5; "
                                                                 "LTX-2 folders: the video's, default 3, the audio's "
                                                                 "stays 7; a distilled student: 1)")
@@ -78,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="image-to-video (Wan and HunyuanVideo I2V folders; optional for Wan 2.2 TI2V, "
                                    "Cosmos, LTX-2 and Kandinsky 6 folders): the first frame")
     p.add_argument("--no-audio", action="store_true",
-                   help="Kandinsky 6 folders with audio_vae/ and vocoder/: video only (the pipeline's "
-                        "sample_audio=False); without it they sample video and sound together")
+                   help="Kandinsky 6 folders with audio_vae/ and vocoder/ (and runs fine-tuned from them): video "
+                        "only (the pipeline's sample_audio=False); without it they sample video and sound together")
     p.add_argument("--video", help="Cosmos Video2World: a clip whose last frames start the video (resized to the "
                                    "generation size)")
     p.add_argument("--cond-frames", type=int, default=None, help="Cosmos Video2World: clean latent frames taken "
@@ -232,7 +234,7 @@ def _run(args) -> int:
     from nemo_vfm.inference.checkpoint import export_safetensors, read_checkpoint_info
     from nemo_vfm.inference.cp_engine import InferenceEngine
     from nemo_vfm.inference.distributed import InferenceLayout, check_model_layout, init_distributed
-    from nemo_vfm.inference.families import generation_of
+    from nemo_vfm.inference.families import generation_of, published_kinds
     from nemo_vfm.inference.generate import write_videos
     from nemo_vfm.inference.generation import SampleContext
     from nemo_vfm.inference.sampling import check_objective
@@ -249,12 +251,14 @@ def _run(args) -> int:
     check_args(args)
     prompts = _prompts(args)
     info = read_checkpoint_info(args.ckpt, allow_pickle=trust)
-    check_objective(info.objective, info.path)
-    apply_attention_args(args, info)
-    gen = info.generation
     family = generation_of(info)  # the family's generation adapter: conditioning inputs, sampler
     if family.unavailable is not None:
         raise NotImplementedError(family.unavailable)
+    if family.run_info is not None and info.kind not in published_kinds():
+        info = family.run_info(info)  # a training run: the other parts from its model.pretrained pipeline folder
+    check_objective(info.objective, info.path)
+    apply_attention_args(args, info)
+    gen = info.generation
     if family.check is not None and info.kind == family.kind:
         family.check(info)
     takes_image = family.image(info)
@@ -290,7 +294,7 @@ def _run(args) -> int:
                                        cp_kind=args.cp_kind)
     if layout.cfg_parallel and args.guidance == 1.0:
         raise ValueError("--cfg-parallel needs classifier-free guidance; set --guidance above 1 or drop --cfg-parallel")
-    if family.check_run is not None and info.kind == family.kind:
+    if family.check_run is not None and (info.kind == family.kind or info.pipeline is not None):
         family.check_run(info, args, layout)  # flags and layout the family refuses, before the weights load
     elif getattr(args, "no_audio", False) and os.environ.get("RANK", "0") == "0":
         print("vfm generate: warning: --no-audio has no effect: this checkpoint generates video only")

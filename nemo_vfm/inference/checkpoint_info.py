@@ -83,6 +83,13 @@ class CheckpointInfo:
     lora: object = None  # the LoRAConfig of a LoRA run (its adapters are merged into the weights on loading)
     allow_pickle: bool = field(default=False, repr=False)  # a DCP .metadata unpickled without the allow-list
     base_from: str | None = None  # a LoRA checkpoint saved without its frozen base: the published folder holding it
+    pipeline: Path | None = None  # a training run sampled with a pipeline folder's other parts (FamilyGeneration.run_info)
+
+    @property
+    def parts(self) -> Path:
+        """The folder holding the encoders, VAEs and scheduler it samples with: ``pipeline`` for a training run read
+        by its family's ``run_info``, else ``path`` (a published folder)."""
+        return Path(self.pipeline if self.pipeline is not None else self.path)
 
     def __post_init__(self):
         if not isinstance(self.generation, Generation):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 IMAGE_INPUTS = ("none", "optional", "required")
 
@@ -69,6 +70,29 @@ def timed_generation(engine, encode: Callable, n: int, latent_shape, sampling, e
     return videos, times
 
 
+def run_pipeline(info, parts: tuple[str, ...], what: str) -> Path:
+    """The pipeline folder a training run samples with: its model config's ``pretrained`` (the folder, or a
+    transformer folder inside it), checked to hold ``parts`` (``what``: the pipeline's name, for the errors). Raises
+    ``ValueError`` naming what is missing and the fix, before anything is loaded."""
+    pretrained = getattr(info.model_config, "pretrained", None)
+    if not pretrained:
+        raise ValueError(f"{info.path} records no model.pretrained, so it has no {what} folder to take its text "
+                         f"encoder, VAE and scheduler from: vfm generate samples such a run with the parts of the "
+                         f"pipeline folder it was fine-tuned from; fine-tune with model.pretrained=PIPELINE_FOLDER")
+    given = Path(pretrained)
+    if not given.exists():
+        raise ValueError(f"{info.path} was fine-tuned from model.pretrained={pretrained}, which is not here; put the "
+                         f"{what} folder there (or link it) to sample this run")
+    # a transformer folder or a weights file: the pipeline folder around it
+    root = given.parent if given.is_file() or (given / "config.json").is_file() else given
+    missing = [d for d in parts if not (root / d).is_dir()]
+    if missing:
+        raise ValueError(f"{info.path} samples with the {what} folder of its model.pretrained ({pretrained}), but "
+                         f"{root} has no {', '.join(f'{d}/' for d in missing)}; copy the pipeline's "
+                         f"{', '.join(missing)} folder(s) into {root}")
+    return root
+
+
 @dataclass(frozen=True, kw_only=True)
 class FamilyGeneration:
     """A family's generation adapter.
@@ -80,15 +104,18 @@ class FamilyGeneration:
     first frame, one of :data:`IMAGE_INPUTS`; ``video``: it takes a conditioning clip (``--video``,
     ``--cond-frames``). ``check(info)``: raises naming what a published folder lacks for generation; ``check_run(info, args,
     layout)``: raises, before the weights load, naming what the family does not sample with these flags
-    (``--no-audio``, ``--sampler``) on this layout;
+    (``--no-audio``, ``--sampler``) on this layout (for its published folders and the runs ``run_info`` reads);
     ``image_size(info, image)``: the generation size an image gives when none is asked for. ``export_published``:
     its published folders may be exported (``--export-safetensors``), else they are refused as not a training run
     (used as they are). ``sampler(ctx)``: set up
     once per run (:class:`SampleContext`: extra encoders, conditioning latents), returns ``sample(prompts) ->
     (videos, seconds per stage)``, or with sound ``(videos, seconds, (waveforms (N, channels, samples), sample
     rate))``. ``sampling_defaults``: ``default_steps`` / ``default_guidance`` of ``vfm generate`` for its published
-    folders (their pipeline's). ``unavailable``: set for a family that ``vfm generate`` cannot sample yet, the
-    sentence it fails with."""
+    folders (their pipeline's). ``run_info(info)``: a training run of the family (not a published folder) samples
+    with the pipeline folder of its ``model.pretrained`` (:func:`run_pipeline`): returns the run's info with that
+    folder's generation settings and objective and ``pipeline`` set (the transformer's weights stay the run's),
+    raising before the weights load when the folder lacks a part. ``unavailable``: set for a family that ``vfm
+    generate`` cannot sample yet, the sentence it fails with."""
 
     family: str
     kind: str | None = None
@@ -103,4 +130,5 @@ class FamilyGeneration:
     export_published: bool = True
     sampler: Callable = default_sampler
     sampling_defaults: dict = field(default_factory=dict)
+    run_info: Callable | None = None
     unavailable: str | None = None

@@ -4,7 +4,9 @@ video, with sound when the folder has an audio VAE and a vocoder).
 A *Kandinsky 6 folder* is a diffusers ``Kandinsky6TI2VAPipeline`` folder (``transformer/``, ``vae/``
 (HunyuanVideo's VAE), ``text_encoder/`` + ``tokenizer/`` (Qwen2.5-VL), ``text_encoder_2/`` + ``tokenizer_2/`` (CLIP),
 ``scheduler/``, and optionally ``audio_vae/`` (``MMAudioVAE``) + ``vocoder/`` (``MMAudioVocoder``)), or a transformer
-folder alone (which trains and exports, but has nothing to generate with). :func:`kandinsky6_checkpoint_info`
+folder alone (which trains and exports, but has nothing to generate with). A training run samples the same way: its
+transformer from the run, everything else from the pipeline folder of its ``model.pretrained``
+(:func:`kandinsky6_run_info`). :func:`kandinsky6_checkpoint_info`
 describes it like a training checkpoint; ``vfm generate`` then does what the pipeline's ``__call__`` does at its
 defaults: ``sample_audio=True`` when the folder has ``audio_vae/`` and ``vocoder/`` (:func:`generate_kandinsky6_av`),
 else, or with ``--no-audio``, ``sample_audio=False`` (:func:`generate_kandinsky6`, saying so once when the folder has
@@ -115,9 +117,8 @@ def clip_encoder(info, device: str = "cpu"):
     from nemo_vfm.tokenizers.clip_pooled import ClipPooledEncoder
 
     if "clip_encoder" not in info.generation:
-        raise ValueError(f"{info.path} does not record a CLIP text encoder (only published Kandinsky 6 pipeline folders "
-                         "do); export the run with `vfm export --format diffusers`, copy the pipeline's other folders "
-                         "beside its transformer/, and generate from that folder")
+        raise ValueError(f"{info.path} does not record a CLIP text encoder (Kandinsky 6 pipeline folders do, and runs "
+                         "read with kandinsky6_run_info); read a run with kandinsky6_run_info(info) first")
     return ClipPooledEncoder(info.generation["clip_encoder"]["path"], device=device)
 
 
@@ -294,12 +295,12 @@ def generate_kandinsky6_av(engine, audio: Kandinsky6Audio | None, prompts: list[
 def _check_run(info, args, layout) -> None:
     """Refuse, before the weights load, sound where it is not built; ``--no-audio`` (or no audio parts): video
     only."""
-    parts = audio_parts(info.path)
+    parts = audio_parts(info.parts)
     if getattr(args, "no_audio", False) or not parts:
         return
     if len(parts) == 1:
         missing = next(d for d in AUDIO_PARTS if d not in parts)
-        raise ValueError(f"{info.path} has {parts[0]}/ but no {missing}/: Kandinsky 6 sound needs both; copy the "
+        raise ValueError(f"{info.parts} has {parts[0]}/ but no {missing}/: Kandinsky 6 sound needs both; copy the "
                          f"pipeline's {missing}/ beside it, or pass --no-audio for video only")
     if layout.cfg_parallel or layout.tp > 1:
         raise NotImplementedError("Kandinsky 6 sound is not built with --cfg-parallel or --tp (--cp N is: the audio "
@@ -312,7 +313,7 @@ def _check_run(info, args, layout) -> None:
 def _sampler(ctx):
     """The CLIP encoder beside the Qwen2.5-VL text encoder (rank 0); with sound (the folder's audio parts, no
     ``--no-audio``) the audio VAE and vocoder too: ``sample(prompts) -> (videos, seconds, (waveforms, rate))``."""
-    root = ctx.info.path
+    root = ctx.info.parts  # the pipeline folder (a training run: its model.pretrained's)
     clip = clip_encoder(ctx.info, ctx.args.text_encoder_device or ctx.device) if ctx.rank == 0 else None
     shape = (ctx.channels, *ctx.thw)
     extra = skip = None
@@ -347,6 +348,28 @@ def _takes_image(info) -> str:
     return "optional" if cfg.visual_cond and cfg.num_token_types >= 2 else "none"
 
 
+def kandinsky6_run_info(info):
+    """A training run (``lora_kandinsky6_3b``, ``finetune_kandinsky6_3b``) read for sampling: its transformer (the
+    run's weights: EMA when it has them, LoRA merged) with everything else from the Kandinsky6TI2VAPipeline folder of
+    its ``model.pretrained``: Qwen2.5-VL and CLIP text encoders, VAE, the scheduler's Euler grid and shift, and sound
+    when that folder has ``audio_vae/`` and ``vocoder/``. Raises before the weights load when that folder is missing
+    or lacks a part, or when the run's latent channels differ from the folder's."""
+    import dataclasses
+
+    from nemo_vfm.inference.generation import run_pipeline
+
+    root = run_pipeline(info, _PARTS, "Kandinsky6TI2VAPipeline")
+    folder = kandinsky6_checkpoint_info(root)
+    cfg, want = info.model_config, folder.model_config
+    odd = [f for f in ("in_channels", "out_channels", "audio_channels", "context_dim", "pooled_dim")
+           if getattr(cfg, f, None) != getattr(want, f, None)]
+    if odd:
+        raise ValueError(f"{info.path}'s network has {', '.join(f'{f}={getattr(cfg, f, None)}' for f in odd)} but "
+                         f"the pipeline folder {root} has {', '.join(f'{f}={getattr(want, f, None)}' for f in odd)}; "
+                         "sample it with the pipeline folder it was fine-tuned from")
+    return dataclasses.replace(info, objective=folder.objective, generation=folder.generation, pipeline=root)
+
+
 GENERATION = FamilyGeneration(family="kandinsky6", kind="kandinsky6", published_info=kandinsky6_checkpoint_info,
-                              image=_takes_image, sampler=_sampler, check_run=_check_run,
+                              image=_takes_image, sampler=_sampler, check_run=_check_run, run_info=kandinsky6_run_info,
                               sampling_defaults={"default_steps": STEPS, "default_guidance": GUIDANCE})

@@ -25,6 +25,9 @@ frame at CRF 33, resized, encoded: :func:`image_latents`) is the clean first lat
 Under torchrun with ``--cp N`` every rank runs the same loop on the same noise while the network splits the video
 tokens over the CP ranks (the audio stream is replicated), rank 0 encodes the text and decodes.
 
+A training run (``lora_ltx2``, ``lora_ltx2_video``, ``finetune_ltx2``) samples the same way: its transformer from the
+run, everything else from the pipeline folder of its ``model.pretrained`` (:func:`ltx2_run_info`).
+
 Deviation: STG runs only when the folder's transformer is built with ``perturbed_attn`` (LTX-2.3 folders); without
 it diffusers' STG pass is the plain conditional pass (its delta is zero), so it is skipped here.
 Not built (they raise saying so): ``--cfg-parallel`` (``--tp`` is refused by the family's layout
@@ -333,7 +336,7 @@ def image_latents(tokenizer, image, height: int, width: int, device=None, crf: i
 
 def _sampler(ctx):
     """Loads the audio VAE and vocoder once; ``sample(prompts) -> (videos, seconds, (waveforms, sample rate))``."""
-    root = ctx.info.path
+    root = ctx.info.parts  # the pipeline folder (a training run: its model.pretrained's)
     if ctx.sampling.sampler != "flow-euler":
         raise ValueError(f"--sampler {ctx.sampling.sampler}: LTX-2 samples with its pipeline's Euler steps "
                          "(flow-euler); drop --sampler")
@@ -363,13 +366,35 @@ def _check_run(info, args, layout) -> None:
         raise ValueError("--no-audio: LTX-2 samples video and sound together (video only is not built); drop it")
 
 
+def ltx2_run_info(info):
+    """A training run (``lora_ltx2``, ``lora_ltx2_video``, ``finetune_ltx2``) read for sampling: its transformer (the
+    run's weights: EMA when it has them, LoRA merged) with everything else from the LTX2Pipeline folder of its
+    ``model.pretrained``: text encoder, connectors, VAEs, vocoder, scheduler, the pipeline's ``use_cross_timestep``
+    and the joint audio + video objective (a video-only run samples both streams, its audio from the base, as the
+    pipeline does). Raises before the weights load when that folder is missing or lacks a part, or when the run's
+    latent channels differ from the folder's."""
+    import dataclasses
+
+    from nemo_vfm.inference.generation import run_pipeline
+
+    root = run_pipeline(info, _PARTS, "LTX2Pipeline")
+    folder = ltx2_checkpoint_info(root)
+    _check(folder)
+    cfg, want = info.model_config, folder.model_config
+    odd = [f for f in ("in_channels", "out_channels", "audio_in_channels", "audio_mel_bins", "caption_channels")
+           if getattr(cfg, f) != getattr(want, f)]
+    if odd:
+        raise ValueError(f"{info.path}'s network has {', '.join(f'{f}={getattr(cfg, f)}' for f in odd)} but the "
+                         f"pipeline folder {root} ({', '.join(f'{f}={getattr(want, f)}' for f in odd)}) decodes other "
+                         "latents; sample it with the pipeline folder it was fine-tuned from")
+    return dataclasses.replace(info, model_config=dataclasses.replace(cfg, cross_timestep=True),
+                               objective=folder.objective, generation=folder.generation, pipeline=root)
+
+
 GENERATION = FamilyGeneration(family="ltx2", kind="ltx2", published_info=ltx2_checkpoint_info, published_only=True,
                               check=_check, check_run=_check_run, sampler=_sampler, image=lambda info: "optional",
                               sampling_defaults={"default_steps": STEPS, "default_guidance": LTX2Guidance().video_cfg})
-TRAINED = FamilyGeneration(
-    family="ltx2",
-    unavailable="vfm generate samples LTX-2 from a diffusers LTX2Pipeline folder only (it needs the folder's VAEs, "
-                "vocoder, Gemma 3 encoder and connectors); export this run with `vfm export --format diffusers`, copy "
-                "the pipeline's other folders beside its transformer/ and generate from that folder (or sample the "
-                "LoRA with `--format lora` / `--format comfyui` in diffusers or ComfyUI)")
-"""The adapter of LTX-2 training runs: they do not sample by themselves (``unavailable`` says how to)."""
+TRAINED = FamilyGeneration(family="ltx2", run_info=ltx2_run_info, check_run=_check_run, sampler=_sampler,
+                           image=lambda info: "optional",
+                           sampling_defaults={"default_steps": STEPS, "default_guidance": LTX2Guidance().video_cfg})
+"""The adapter of LTX-2 training runs: sampled as their pipeline folder is (:func:`ltx2_run_info`)."""
