@@ -11,12 +11,12 @@ import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
-import fiddle as fdl
 import numpy as np
 import pytest
 import torch
 from ltx2_folder import (  # tests/data/ltx2_folder.py (pytest puts tests/data on the path)
     build_pipeline_folder,
+    train_on_prepared,
     write_clip,
 )
 
@@ -189,20 +189,8 @@ def test_loader_carries_audio_and_masks_the_clip_without(video_only_out):
 
 def _lora_ltx2_on(path, tmp_path, batch):
     import nemo_vfm_recipes.ltx2 as L
-    from nemo_vfm.models.ltx2.flavors import ltx2_config
-    from nemo_vfm.models.ltx2.model import LTX2Config
 
-    cfg = ltx2_config("tiny")
-    recipe = L.lora_ltx2()
-    recipe.model = fdl.Config(LTX2Config, **vars(cfg))
-    recipe.data.path, recipe.data.micro_batch_size, recipe.data.num_workers = str(path), batch, 0
-    recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
-    recipe.trainer.strategy.fsdp = False
-    t = recipe.trainer
-    t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, 2, 2, False
-    t.precision = "32-true"
-    recipe.log.root, recipe.log.tensorboard = str(tmp_path / "runs"), False
-    return fdl.build(recipe)()
+    return train_on_prepared(L.lora_ltx2(), {}, path, tmp_path, batch)
 
 
 def test_lora_ltx2_trains_on_prepared_audio_video(tmp_path, clips, ltx2_dir, video_only_out):

@@ -9,11 +9,10 @@ import shutil
 import tarfile
 from io import BytesIO
 
-import fiddle as fdl
 import numpy as np
 import pytest
 import torch
-from ltx2_folder import build_pipeline_folder, write_clip  # tests/data/ltx2_folder.py
+from ltx2_folder import build_pipeline_folder, train_on_prepared, write_clip  # tests/data/ltx2_folder.py
 
 from nemo_vfm.data.prepare import MissingReferenceError, PrepareConfig, prepare
 
@@ -164,19 +163,8 @@ def test_loader_carries_reference_latents_and_packing_refuses_them(prepared):
 
 def _lora_ltx2_ic_on(path, tmp_path, downscale):
     import nemo_vfm_recipes.ltx2 as L
-    from nemo_vfm.models.ltx2.flavors import ltx2_config
-    from nemo_vfm.models.ltx2.model import LTX2Config
 
-    recipe = L.lora_ltx2_ic()
-    recipe.model = fdl.Config(LTX2Config, **{**vars(ltx2_config("tiny")), "reference_downscale": downscale})
-    recipe.data.path, recipe.data.micro_batch_size, recipe.data.num_workers = str(path), 2, 0
-    recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
-    recipe.trainer.strategy.fsdp = False
-    t = recipe.trainer
-    t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, 2, 2, False
-    t.precision = "32-true"
-    recipe.log.root, recipe.log.tensorboard = str(tmp_path / "runs"), False
-    return fdl.build(recipe)()
+    return train_on_prepared(L.lora_ltx2_ic(), {"reference_downscale": downscale}, path, tmp_path)
 
 
 def test_lora_ltx2_ic_trains_on_prepared_references_and_refuses_another_downscale(prepared, tmp_path, monkeypatch):
