@@ -161,6 +161,21 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         self._device_mesh = self.parallel_mesh.world
         self.lightning_module._device_mesh = self._device_mesh
 
+    def _setup_distributed(self) -> None:
+        """Lightning's process group; one process that no launcher started (no ``WORLD_SIZE``) gets it on an
+        in-memory store instead of a TCP rendezvous, so it never races other processes on the host for a free
+        port (EADDRINUSE)."""
+        import os
+
+        import torch.distributed as dist
+
+        if not dist.is_initialized() and self.num_nodes * self.num_processes == 1 and "WORLD_SIZE" not in os.environ:
+            backend = self._get_process_group_backend()
+            device = {"device_id": self.root_device} if self.root_device.type != "cpu" else {}
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self._timeout,
+                                    **device)
+        super()._setup_distributed()  # ranks, seed; the group above is kept
+
     def _resolve_device_knobs(self) -> None:
         """``compile="auto"``: compile on CUDA only (the CPU path stays eager); on CUDA, pick the SDPA kernel
         for ``attention_backend`` (``auto``: cuDNN first, measured fastest; ``nemo_vfm.parallel.sdpa_backend``)."""
