@@ -51,15 +51,18 @@ class TrainerConfig:
     gc_every_n_steps: int | None = 100  # Python GC at these steps only (ScheduledGC); None: automatic GC
     profile_steps: tuple[int, int] | None = None  # [A, B]: torch.profiler over steps A+1..B (lightning/profiler.py)
     callbacks: list = field(default_factory=list)
-    # GiB per GPU: set the memory knobs left at their defaults to the fastest estimate that fits
-    # (nemo_vfm.lightning.memory_budget; docs/finetuning.md "Memory budget"); None: leave them as they are
-    memory_budget_gb: float | None = None
+    # GiB per GPU: set the memory knobs to the fastest estimate that fits (nemo_vfm.lightning.memory_budget;
+    # docs/finetuning.md "Memory budget"); "auto": the smallest visible GPU's memory (on the CPU: leave them);
+    # None: leave them as they are
+    memory_budget_gb: float | str | None = None
     # memory knobs the budget keeps as set (e.g. ("activation_checkpointing",)); the others are chosen
     memory_budget_keep: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
-            raise ValueError(f"TrainerConfig.memory_budget_gb must be > 0 (GiB per GPU) or None, got {self.memory_budget_gb}")
+        budget = self.memory_budget_gb
+        if budget is not None and budget != "auto" and not (isinstance(budget, (int, float)) and budget > 0):
+            raise ValueError(f"TrainerConfig.memory_budget_gb must be > 0 (GiB per GPU), 'auto' (the GPU's memory) or "
+                             f"None, got {budget!r}")
         if self.max_steps < 1:
             raise ValueError(f"TrainerConfig.max_steps must be >= 1, got {self.max_steps}")
         if self.checkpoint_every_n_steps < 1:
@@ -216,14 +219,17 @@ def train(*, model, data: lightning.LightningDataModule, trainer: TrainerConfig 
 
 
 def _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, distill, objective, rank: int) -> None:
-    from nemo_vfm.lightning.memory_budget import apply_memory_budget
+    from nemo_vfm.lightning.memory_budget import apply_memory_budget, device_memory_gib
 
     if distill is not None:
         raise NotImplementedError("trainer.memory_budget_gb estimates one trained network; DMD2 holds three "
                                   "(student, critic, frozen teacher), which it does not model yet; set "
                                   "trainer.memory_budget_gb=None and choose the memory knobs by hand "
                                   "(activation_checkpointing, lora.frozen_dtype, distill.teacher_dtype)")
-    apply_memory_budget(trainer_cfg.memory_budget_gb, model=model, data=data, trainer=trainer_cfg, optim=optim,
+    budget = trainer_cfg.memory_budget_gb
+    if budget == "auto" and (budget := device_memory_gib(trainer_cfg.accelerator)) is None:
+        return  # no GPU: nothing to fit
+    apply_memory_budget(budget, model=model, data=data, trainer=trainer_cfg, optim=optim,
                         lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), ema=bool(ema_decay), verbose=rank == 0,
                         objective=objective)
 

@@ -138,16 +138,19 @@ def pretrain_xl() -> run.Partial:
 @run.cli.factory(target=train)
 def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
-    FSDP over every GPU with selective activation checkpointing, no TP (``parallel.layout_7b``): 40.2% MFU on 4
-    H100s, against 29-31% for the paper's TP2 + SP on 4 H200s (docs/benchmarks.md section 7). Needs 4 or more GPUs of
-    80 GB (by count, not run on 2: weights, gradients, AdamW state and EMA take 20 bytes a parameter, sharded over
-    the GPUs in any layout).
+    FSDP over every GPU, no TP (``parallel.layout_7b``), activation checkpointing chosen for the GPU's memory
+    (``trainer.memory_budget_gb="auto"``; AdamW kept): on 4 x 141 GB none (46.1% MFU, 81.8 GiB), on 80 GB
+    selective (40.7% MFU, 58.8 GiB on 4 H200s; 40.2% on 4 H100s); the paper's TP2 + SP: 29-31% (docs/benchmarks.md
+    sections 7 and 8). Needs 4 or more GPUs of 80 GB (by count, not run on 2: weights, gradients, AdamW state and EMA
+    take 20 bytes a parameter, sharded over the GPUs in any layout).
     The paper's layout: ``trainer.strategy.tensor_model_parallel_size=2 trainer.strategy.sequence_parallel=true``.
     CLI: ``torchrun --nproc-per-node 8 launchers/train.py --factory pretrain_7b --yes``
     Python: ``recipe = dit.pretrain_7b(); run.run(recipe, executor=run.LocalExecutor(ntasks_per_node=8, launcher="torchrun"))``
     """
     recipe = _sized("7b", "pretrain_7b")
     recipe.data = mock_data(batch_size=1, num_frames=32, height=32, width=32)
+    recipe.trainer.memory_budget_gb = "auto"  # the fastest checkpointing that fits this GPU
+    recipe.trainer.memory_budget_keep = ("optim_name",)  # pretraining keeps its AdamW (no 8-bit state)
     return parallel.layout_7b(recipe)
 
 

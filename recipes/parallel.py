@@ -118,18 +118,22 @@ def with_float8(recipe: run.Partial, scaling: str = "tensorwise", modules: str =
 
 # -- default layouts (per 8-GPU node; the leftover ranks become FSDP data parallel) ------------------
 def layout_7b(recipe: run.Partial, context: str = "8k", tp: int | None = None) -> run.Partial:
-    """DiT-7B on 80 GB GPUs with selective activation checkpointing. At 8k tokens FSDP over every GPU, no TP
+    """DiT-7B on 80 GB GPUs: selective activation checkpointing at 8k tokens (``pretrain_7b`` adds
+    ``trainer.memory_budget_gb="auto"``, which drops it on 141 GB cards). At 8k tokens FSDP over every GPU, no TP
     (``tp`` default 1): faster per GPU than the paper's TP2 + SP + FSDP (docs/benchmarks.md section 7); at this width TP's collectives sit between the GEMMs and cost
     about what TP divides. Either layout shards the weights, gradients, AdamW state and EMA (20 bytes a parameter)
     over every GPU, so 4 GPUs of 80 GB are the fewest (at 2, ~74 GiB of state alone; measured peaks in
     docs/benchmarks.md section 7).
     At 74k tokens TP2 + SP + CP4 (``tp`` default 2, not measured there: sequence parallel halves the activations)
-    with all-to-all CP and compiled blocks (measured faster than ring and than eager at 74k: docs/parallelism.md). ``tp=2`` at 8k is
-    the paper's layout (NeMo's 519 TFLOP/s setting)."""
+    with all-to-all CP and compiled blocks (measured faster than ring and than eager at 74k: docs/parallelism.md) and
+    ``save_attention`` checkpointing: at 74k the attention is most of a block's work, and keeping its output runs
+    as fast as selective at half the memory (TP1 + CP4 on 4 H200s: 6,502 ms, 46.9 GiB against 6,529 ms, 94.1 GiB;
+    docs/benchmarks.md section 8). ``tp=2`` at 8k is the paper's layout (NeMo's 519 TFLOP/s setting)."""
     if context not in ("8k", "74k"):
         raise ValueError(f"layout_7b context must be '8k' or '74k', got {context!r}")
     tp = tp if tp is not None else (2 if context == "74k" else 1)  # a tp that does not divide the heads: check_model
-    recipe = with_fsdp(with_tp(recipe, tp), activation_checkpointing="selective")
+    checkpointing = "save_attention" if context == "74k" else "selective"
+    recipe = with_fsdp(with_tp(recipe, tp), activation_checkpointing=checkpointing)
     if context == "74k":
         recipe = with_compile(with_cp(recipe, 4, kind="a2a"))
     return recipe

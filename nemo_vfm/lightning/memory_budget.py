@@ -209,6 +209,19 @@ def host_gib(w: Workload, s: MemorySettings) -> float:
     return (total + ema_bytes(w, s)[1]) / GIB
 
 
+def device_memory_gib(accelerator: str = "auto") -> float | None:
+    """``trainer.memory_budget_gb="auto"``: this process's GPU's memory in GiB (``LOCAL_RANK``'s device, made
+    current first so that no other GPU gets a CUDA context); None on the CPU (``accelerator`` "cpu" or no CUDA).
+    Every rank reads its own GPU: a job on GPUs of different sizes should name a budget instead."""
+    import torch
+
+    if str(accelerator) not in ("auto", "gpu", "cuda") or not torch.cuda.is_available():
+        return None
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.cuda.get_device_properties(local).total_memory / GIB
+
+
 def available_host_gib(processes: int = 1, meminfo: str = "/proc/meminfo") -> float | None:
     """``MemAvailable`` of ``meminfo`` shared by the ``processes`` of this machine; None where it cannot be read
     (then the host is not checked)."""
@@ -348,7 +361,8 @@ def _layout(strategy, trainer) -> tuple[object, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "0")) or devices * trainer.num_nodes
     tp, cp, pp = cfg.tensor_model_parallel_size, cfg.context_parallel_size, cfg.pipeline_model_parallel_size
     sharded = cfg.fsdp and not isinstance(strategy, str)  # a strategy name: Lightning's, which does not shard
-    fsdp = max(1, world // (tp * cp * pp * cfg.data_parallel_replicate_size)) if sharded else 1
+    # FSDP shards over data parallel x CP (nemo_vfm.parallel.mesh's "fsdp" dimension), replicas hold copies
+    fsdp = max(1, world // (tp * pp * cfg.data_parallel_replicate_size)) if sharded else 1
     return cfg, fsdp * tp * pp, cp * (tp if cfg.sequence_parallel else 1)
 
 
