@@ -82,9 +82,11 @@ ADAMW8BIT = 1.02  # torchao's 8-bit AdamW: one compiled kernel per parameter (ho
 ADAMW8BIT_BYTES = 2 + 8 / 256  # two uint8 states + one fp32 scale per 256 values each
 
 AC_MODES = ("none", "save_attention", "selective", "full")
-DEFAULTS = {"activation_checkpointing": "none", "frozen_dtype": None, "activation_offload": False, "block_swap": 0,
-            "cpu_offload": False, "optim_name": "adamw"}
-STRATEGY_KNOBS = ("activation_checkpointing", "activation_offload", "block_swap", "cpu_offload")
+DEFAULTS = {"activation_checkpointing": "none", "activation_checkpointing_blocks": None, "frozen_dtype": None,
+            "activation_offload": False, "block_swap": 0, "cpu_offload": False, "optim_name": "adamw"}
+STRATEGY_KNOBS = ("activation_checkpointing", "activation_checkpointing_blocks", "activation_offload", "block_swap",
+                  "cpu_offload")
+BLOCKWISE = ("full", "save_attention")  # the modes that read activation_checkpointing_blocks (of those it chooses)
 KNOB_NAMES = {**{k: f"trainer.strategy.{k}" for k in STRATEGY_KNOBS}, "frozen_dtype": "lora.frozen_dtype",
               "optim_name": "optim.name"}
 
@@ -94,6 +96,7 @@ class MemorySettings:
     """One candidate: the knobs the chooser sets (names as in ``DEFAULTS``)."""
 
     activation_checkpointing: str = "none"
+    activation_checkpointing_blocks: int | None = None  # full / save_attention on the first N blocks; None: all
     frozen_dtype: str | None = None
     activation_offload: bool = False
     block_swap: int = 0
@@ -113,12 +116,14 @@ class MemorySettings:
                          if v == cur[k] and v != DEFAULTS[k])
 
 
-def _checkpointed(w: Workload, mode: str) -> list[bool]:
-    """Which blocks ``mode`` checkpoints (``selective``: every ``ac_every``-th)."""
-    n = len(w.blocks)
+def _checkpointed(w: Workload, s: MemorySettings) -> list[bool]:
+    """Which blocks ``s`` checkpoints (``selective``: every ``ac_every``-th from the first, as
+    ``nemo_vfm.parallel.activation_checkpoint`` wraps them; ``activation_checkpointing_blocks=N``: the first N)."""
+    n, mode = len(w.blocks), s.activation_checkpointing
     if mode == "selective":
-        return [(i + 1) % w.ac_every == 0 for i in range(n)]
-    return [mode != "none"] * n
+        return [i % w.ac_every == 0 for i in range(n)]
+    k = 0 if mode == "none" else n if s.activation_checkpointing_blocks is None else s.activation_checkpointing_blocks
+    return [i < k for i in range(n)]
 
 
 def _compiled(w: Workload, s: MemorySettings) -> bool:
@@ -132,17 +137,17 @@ def _act_per_hidden(s) -> float:
     return ACT_PER_HIDDEN + ACT_PER_ATTENTION * (s.attentions - 2)
 
 
-def _kept_activations(w: Workload, mode: str) -> tuple[list[float], float, float]:
-    """Bytes each block keeps for backward under ``mode`` that activation offloading moves to the host, bytes kept
+def _kept_activations(w: Workload, settings: MemorySettings) -> tuple[list[float], float, float]:
+    """Bytes each block keeps for backward under ``settings`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
     un-checkpointed block's (what a checkpointed block recomputes)."""
     full = sum(s.tokens * (_act_per_hidden(s) * s.hidden_size + s.ffn_tensors * s.ffn_size) for s in w.streams) * 2
     inp = sum(s.tokens * s.hidden_size for s in w.streams) * 2
-    n = len(w.blocks)
-    moved = [inp if c else full for c in _checkpointed(w, mode)]
+    checkpointed = _checkpointed(w, settings)
+    moved = [inp if c else full for c in checkpointed]
     # save_attention keeps each stream's self-attention output (and those of attentions with more keys than queries:
     # LTX-2's video-to-audio, audio-sized), about a checkpointed block's input
-    return moved, (n * inp if mode == "save_attention" else 0.0), full
+    return moved, (sum(checkpointed) * inp if settings.activation_checkpointing == "save_attention" else 0.0), full
 
 
 def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
@@ -153,7 +158,7 @@ def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
     frozen = [p.frozen_bytes(s.frozen_dtype) for p in blocks]
     swapped = sum(frozen[: s.block_swap])
     if w.autocast and s.frozen_dtype not in ("bf16", "fp16"):  # a swapped block that is not checkpointed keeps the
-        kept = _checkpointed(w, s.activation_checkpointing)  # bf16 cast of its fp32 / fp8 weights for backward
+        kept = _checkpointed(w, s)  # bf16 cast of its fp32 / fp8 weights for backward
         swapped -= sum(2 * (p.frozen_linear + p.frozen_other) for p, c in zip(blocks[: s.block_swap], kept) if not c)
     staging = min(2, s.block_swap) * max(frozen[: s.block_swap], default=0)
     biggest = max(p.total for p in blocks)
@@ -164,9 +169,9 @@ def memory_breakdown(w: Workload, s: MemorySettings) -> dict[str, float]:
     gather = 2 * biggest * 2 if shards > 1 else 0
     weights = states + (sum(frozen) - swapped + w.outside.frozen_bytes(s.frozen_dtype)) / shards + staging + gather
     weights += ema_bytes(w, s)[0]
-    moved, resident, full = _kept_activations(w, s.activation_checkpointing)
+    moved, resident, full = _kept_activations(w, s)
     kept = min(2 * max(moved), sum(moved)) if s.activation_offload else sum(moved)  # offload: two blocks in flight
-    acts = kept + resident + (full if s.activation_checkpointing != "none" else 0)
+    acts = kept + resident + (full if any(_checkpointed(w, s)) else 0)  # the block being recomputed
     acts += sum((OUTSIDE_RESIDUALS * t.hidden_size + BACKWARD_FFN_TENSORS * t.ffn_size * _compiled(w, s)) * t.tokens
                 for t in w.streams) * 2
     return {"weights and optimizer": weights, "max(gradients, activations)": max(grads, acts),
@@ -201,7 +206,7 @@ def host_gib(w: Workload, s: MemorySettings) -> float:
     EMA copy's host share (:func:`ema_bytes`)."""
     total = sum(p.frozen_bytes(s.frozen_dtype) for p in w.blocks[: s.block_swap])
     if s.activation_offload:
-        total += sum(_kept_activations(w, s.activation_checkpointing)[0])
+        total += sum(_kept_activations(w, s)[0])
     if s.cpu_offload:
         params = (*w.blocks, w.outside)
         trainable = sum(p.trainable for p in params) * (4 + 4 + (8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES))
@@ -234,10 +239,10 @@ def available_host_gib(processes: int = 1, meminfo: str = "/proc/meminfo") -> fl
 
 def slowdown(w: Workload, s: MemorySettings) -> float:
     """Estimated step time of ``s`` over that of no checkpointing and nothing offloaded (see the module docstring)."""
-    moved, _, _ = _kept_activations(w, s.activation_checkpointing)
-    recompute = sum(_checkpointed(w, s.activation_checkpointing)) / len(w.blocks)  # full: 1, selective: its share
+    moved, _, _ = _kept_activations(w, s)
+    recompute = sum(_checkpointed(w, s)) / len(w.blocks)  # full: 1, selective / N blocks: their share
     if s.activation_checkpointing == "save_attention":
-        recompute = 1 - w.attention_share
+        recompute *= 1 - w.attention_share
     base_s = 3 * w.forward_flops / (EFFECTIVE_TFLOPS * 1e12)
     compute_s = base_s * (1 + recompute / 3) * (EAGER if w.compile and not _compiled(w, s) else 1)
     copies, mechanisms, host_s = 0.0, 0, 0.0
@@ -288,12 +293,15 @@ def options(w: Workload, fixed: dict, *, mixed_precision: bool = True, torchao: 
     """The values tried per knob. ``fixed`` (knob -> value: what the user set) is kept. ``strategy=False``: no
     ``VFMParallelStrategy`` carries the strategy knobs; ``offload=False``: the layout takes no offloading (pipeline
     parallelism); ``fsdp``: cpu_offload applies. Block swapping needs unsharded weights (``w.model_shards == 1``).
-    ``block_swap`` ``None``: 0, then the fewest blocks that fit."""
+    ``block_swap`` ``None``: 0, then the fewest blocks that fit. ``activation_checkpointing_blocks``: every block
+    (None) unless ``fixed`` says otherwise (:func:`plan_memory_budget` adds the run's count as a candidate: the
+    chooser does not search counts itself, the partial plans are not measured on GPUs yet)."""
     unknown = set(fixed) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"unknown memory knobs {sorted(unknown)}; the knobs are {sorted(DEFAULTS)}")
     offload = offload and strategy
     opts = {"activation_checkpointing": AC_MODES if strategy else ("none",),
+            "activation_checkpointing_blocks": (None,),
             "frozen_dtype": (None, "bf16", "fp8") if w.lora and mixed_precision else (None,),
             "activation_offload": (False, True) if offload else (False,),
             "block_swap": None if w.lora and offload and w.model_shards == 1 else (0,),
@@ -312,6 +320,11 @@ def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[in
     return 0, next((k for k in range(1, n + 1) if estimate_gib(w, dataclasses.replace(s, block_swap=k)) <= budget_gib), n)
 
 
+def _ac_blocks(s: MemorySettings, tried) -> tuple[int | None, ...]:
+    """The ``activation_checkpointing_blocks`` values of ``tried`` that the mode of ``s`` reads (None: every block)."""
+    return tuple(n for n in tried if n is None or s.activation_checkpointing in BLOCKWISE)
+
+
 def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None,
            headroom: float = 0.0, host_limit_gib: float | None = None) -> Choice:
     """The fastest candidate of ``opts`` (see :func:`options`) whose estimate fits ``(1 - headroom) x budget_gib``
@@ -319,16 +332,18 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
     changes from ``current``, then least memory. Raises ``ValueError`` naming the smallest estimate."""
     current, fit = current or MemorySettings(), budget_gib * (1 - headroom)
     host_fit = None if host_limit_gib is None else host_limit_gib * (1 - headroom)
-    base = [k for k in DEFAULTS if k != "block_swap"]
+    base = [k for k in DEFAULTS if k not in ("block_swap", "activation_checkpointing_blocks")]
     scored = []
     for combo in itertools.product(*(opts[k] for k in base)):
         s = MemorySettings(**dict(zip(base, combo)))
-        for n in _swaps(w, s, fit, opts["block_swap"]):
-            c = dataclasses.replace(s, block_swap=n)
-            if c.cpu_offload and c.block_swap:  # cpu_offload keeps every weight on the host already (refused)
-                continue
-            changes = sum(a != b for a, b in zip(dataclasses.astuple(c), dataclasses.astuple(current)))
-            scored.append((round(slowdown(w, c), 4), changes, estimate_gib(w, c), c))
+        for blocks in _ac_blocks(s, opts["activation_checkpointing_blocks"]):
+            partial = dataclasses.replace(s, activation_checkpointing_blocks=blocks)
+            for n in _swaps(w, partial, fit, opts["block_swap"]):
+                c = dataclasses.replace(partial, block_swap=n)
+                if c.cpu_offload and c.block_swap:  # cpu_offload keeps every weight on the host already (refused)
+                    continue
+                changes = sum(a != b for a, b in zip(dataclasses.astuple(c), dataclasses.astuple(current)))
+                scored.append((round(slowdown(w, c), 4), changes, estimate_gib(w, c), c))
     scored.sort(key=lambda x: x[:3])
     on_gpu = [x for x in scored if x[2] <= fit]
     for i, (f, _, g, s) in enumerate(scored):
@@ -382,7 +397,8 @@ def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=No
     cfg, model_shards, token_shards = _layout(strategy, trainer)
     devices = trainer.devices if isinstance(trainer.devices, int) else 1
     current = MemorySettings(
-        activation_checkpointing=cfg.activation_checkpointing, frozen_dtype=getattr(lora, "frozen_dtype", None),
+        activation_checkpointing=cfg.activation_checkpointing,
+        activation_checkpointing_blocks=cfg.activation_checkpointing_blocks, frozen_dtype=getattr(lora, "frozen_dtype", None),
         activation_offload=cfg.activation_offload, block_swap=cfg.block_swap, cpu_offload=cfg.cpu_offload,
         optim_name=optim.name)
     if unknown := set(keep) - set(DEFAULTS):
@@ -395,6 +411,8 @@ def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=No
     opts = options(w, {k: getattr(current, k) for k in keep}, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None if torchao is None else torchao,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
+    if current.activation_checkpointing_blocks is not None and "activation_checkpointing_blocks" not in keep:
+        opts["activation_checkpointing_blocks"] = (None, current.activation_checkpointing_blocks)  # the run's count
     if host_limit_gib == "this host":
         host_limit_gib = available_host_gib(int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or devices)
     return choose(w, budget_gb, opts, current, headroom=HEADROOM, host_limit_gib=host_limit_gib), current

@@ -12,6 +12,10 @@
 - ``"selective_op"``: inside every block, outputs of matmuls and attention are saved and the
   cheap element-wise ops (norms, modulation, activations) are recomputed.
 
+``count`` (``activation_checkpointing_blocks``): ``full``, ``save_attention`` and ``selective_op`` wrap only the
+first ``count`` blocks; the rest keep all their activations and recompute nothing (the memory budget picks the
+fewest that fit, ``nemo_vfm.lightning.memory_budget``).
+
 The op policies (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) work eager and under
 ``torch.compile`` (blocks are compiled after they are wrapped).
 """
@@ -54,19 +58,27 @@ def attention_policy(ctx, op, *args, **kwargs):
 _POLICIES = {"selective_op": _op_policy, "save_attention": attention_policy}
 
 
-def apply_activation_checkpointing(blocks: nn.ModuleList, mode: str = "full", every: int = 2) -> None:
-    """Wrap blocks of ``blocks`` in place (module names gain ``_checkpoint_wrapped_module.``)."""
+def apply_activation_checkpointing(blocks: nn.ModuleList, mode: str = "full", every: int = 2,
+                                   count: int | None = None) -> None:
+    """Wrap blocks of ``blocks`` in place (module names gain ``_checkpoint_wrapped_module.``); ``count``: only the
+    first ``count`` of them that this rank holds (not ``nn.Identity``), for ``full`` / ``save_attention`` /
+    ``selective_op``."""
     if mode not in MODES:
         raise ValueError(f"activation checkpointing mode must be one of {MODES}, got {mode!r}.")
+    if count is not None and mode in ("none", "selective"):
+        raise ValueError(f"activation_checkpointing_blocks={count} is read by 'full', 'save_attention' and "
+                         f"'selective_op', not by {mode!r}.")
     if mode == "none":
         return
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}.")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for i in range(len(blocks)):
-        if isinstance(blocks[i], nn.Identity):
-            continue
+    held = [i for i in range(len(blocks)) if not isinstance(blocks[i], nn.Identity)]
+    if count is not None and count > len(held):
+        raise ValueError(f"activation_checkpointing_blocks={count}, but this network (or pipeline stage) holds "
+                         f"{len(held)} blocks; set at most {len(held)} (or None: every block).")
+    for i in held[:count]:
         if mode == "selective" and i % every:
             continue
         if mode in _POLICIES:

@@ -194,4 +194,5 @@ def expandable_segments() -> None:
     with the ``cudaMallocAsync`` backend (no segments)."""
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if "expandable_segments" not in conf and "cudaMallocAsync" not in conf:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        setting = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch.cuda's is deprecated in 2.11
+        (setting or torch.cuda.memory._set_allocator_settings)("expandable_segments:True")

@@ -61,6 +61,9 @@ class ParallelConfig:
     """``none``, ``full``, ``selective``, ``save_attention``... (``nemo_vfm.parallel.activation_checkpoint.MODES``)."""
     activation_checkpointing_every: int = 2
     """``selective``: checkpoint every n-th block."""
+    activation_checkpointing_blocks: int | None = None
+    """``full`` / ``save_attention`` / ``selective_op``: checkpoint the first N blocks (of each pipeline stage) and
+    keep every activation of the rest (Megatron's ``--recompute-method block``); None: every block."""
     compile: bool | str = "auto"
     """``torch.compile`` the blocks: ``auto`` = on CUDA only; never with ``activation_offload`` / ``block_swap``."""
     fuse_qkv: bool = True
@@ -91,6 +94,7 @@ class ParallelConfig:
 
         if self.activation_checkpointing not in MODES:
             raise ValueError(f"activation_checkpointing must be one of {MODES}, got {self.activation_checkpointing!r}.")
+        self._check_checkpointed_blocks()
         if self.compile not in (True, False, "auto"):
             raise ValueError(f"compile must be True, False or 'auto' (compile on CUDA devices only), got "
                              f"{self.compile!r}.")
@@ -107,6 +111,18 @@ class ParallelConfig:
         smallest = self.tensor_model_parallel_size * self.context_parallel_size * self.pipeline_model_parallel_size
         ep = self.expert_model_parallel_size
         ParallelDims(world_size=smallest * self.data_parallel_replicate_size * ep, **{**self.layout, "dp_shard": ep})
+
+    def _check_checkpointed_blocks(self) -> None:
+        n, mode = self.activation_checkpointing_blocks, self.activation_checkpointing
+        if n is None:
+            return
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"activation_checkpointing_blocks must be an int >= 1 or None (every block), got {n!r}; "
+                             "for no checkpointing set activation_checkpointing='none'.")
+        if mode in ("none", "selective"):
+            raise ValueError(f"activation_checkpointing_blocks={n} says how many blocks a block-wise mode checkpoints; "
+                             f"activation_checkpointing={mode!r} does not read it: use 'full', 'save_attention' or "
+                             "'selective_op', or set activation_checkpointing_blocks=None.")
 
     def _check_attention_backend(self) -> None:
         from nemo_vfm.parallel.attention_ops import BACKENDS as RING

@@ -104,6 +104,7 @@ def _apply(
     *,
     activation_checkpointing: str = "none",
     activation_checkpointing_every: int = 2,
+    activation_checkpointing_blocks: int | None = None,
     compile: bool = False,
     fuse_qkv: bool = False,
     param_dtype: str | None = "bf16",
@@ -155,7 +156,8 @@ def _apply(
         for block in owned:
             if hasattr(getattr(block, "attn", None), "fuse_qkv"):
                 block.attn.fuse_qkv = fuse_qkv
-    apply_activation_checkpointing(blocks, activation_checkpointing, activation_checkpointing_every)
+    apply_activation_checkpointing(blocks, activation_checkpointing, activation_checkpointing_every,
+                                   count=activation_checkpointing_blocks)
     if compile:
         compile_blocks(blocks)
     if d.fsdp or cpu_offload:

@@ -9,6 +9,7 @@ import types
 import pytest
 
 from nemo_vfm.lightning.memory_budget import (
+    BLOCKWISE,
     DEFAULTS,
     HEADROOM,
     MemorySettings,
@@ -158,10 +159,12 @@ def test_16_gib_takes_fp8_bases_and_block_swap_for_images(compile):
 
 def _all_candidates(w, opts):
     """Every combination, every block_swap value included."""
-    knobs = [k for k in DEFAULTS if k != "block_swap"]
+    knobs = [k for k in DEFAULTS if k not in ("block_swap", "activation_checkpointing_blocks")]
     swaps = opts["block_swap"] or range(len(w.blocks) + 1)
     for combo in itertools.product(*(opts[k] for k in knobs), swaps):
-        yield MemorySettings(**dict(zip(knobs, combo[:-1])), block_swap=combo[-1])
+        s = MemorySettings(**dict(zip(knobs, combo[:-1])), block_swap=combo[-1])
+        counts = [k for k in opts["activation_checkpointing_blocks"] if s.activation_checkpointing in BLOCKWISE or k is None]
+        yield from (dataclasses.replace(s, activation_checkpointing_blocks=k) for k in counts)
 
 
 @pytest.mark.parametrize("budget", [80, 40, 24])

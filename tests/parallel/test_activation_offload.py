@@ -135,7 +135,7 @@ def test_expandable_segments_is_set_once_unless_the_user_configured_the_allocato
     from nemo_vfm.parallel import activation_offload
 
     calls = []
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", calls.append, raising=False)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     activation_offload.expandable_segments()
     assert calls == ["expandable_segments:True"]

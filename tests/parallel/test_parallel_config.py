@@ -55,7 +55,8 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
                             fsdp_reshard_after_forward=False)
     assert s.config.tensor_model_parallel_size == 2 and s.config.layout["tp"] == 2 and s.config.layout["sequence_parallel"]
     assert s.parallelize_kwargs == {
-        "activation_checkpointing": "full", "activation_checkpointing_every": 2, "compile": "auto", "fuse_qkv": True,
+        "activation_checkpointing": "full", "activation_checkpointing_every": 2, "activation_checkpointing_blocks": None,
+        "compile": "auto", "fuse_qkv": True,
         "float8": None, "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32",
         "attention_backend": "auto", "fsdp_reshard_after_forward": False, "factorized_context_parallel": "hybrid",
         "factorized_context_parallel_chunks": 1, "cpu_offload": False}
@@ -64,6 +65,9 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
 @pytest.mark.parametrize("kw, match", [
     (dict(activation_checkpointing="most"), "activation_checkpointing must be one of"),
     (dict(compile="yes"), "compile must be True, False or 'auto'"),
+    (dict(activation_checkpointing="full", activation_checkpointing_blocks=0), "an int >= 1 or None"),
+    (dict(activation_checkpointing="selective", activation_checkpointing_blocks=4), "'selective' does not read it"),
+    (dict(activation_checkpointing_blocks=4), "'none' does not read it"),
     (dict(expert_model_parallel_size=2, fsdp=False), "set fsdp=True"),
     (dict(cpu_offload=True, fsdp=False), "cpu_offload=True is FSDP2's CPUOffloadPolicy; set fsdp=True"),
     (dict(block_swap=-1), "block_swap must be an int >= 0"),
