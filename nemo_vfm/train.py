@@ -228,7 +228,9 @@ def _apply_memory_budget(trainer_cfg, model, data, optim, lora, ema_decay, disti
                                   "(activation_checkpointing, lora.frozen_dtype, distill.teacher_dtype)")
     budget = trainer_cfg.memory_budget_gb
     if budget == "auto" and (budget := device_memory_gib(trainer_cfg.accelerator)) is None:
-        return  # no GPU: nothing to fit
+        if rank == 0:
+            print("memory budget auto: no GPU to fit, the memory knobs stay as set")
+        return
     apply_memory_budget(budget, model=model, data=data, trainer=trainer_cfg, optim=optim,
                         lora=lora, keep=tuple(trainer_cfg.memory_budget_keep), ema=bool(ema_decay), verbose=rank == 0,
                         objective=objective)

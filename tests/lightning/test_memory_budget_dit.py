@@ -97,7 +97,7 @@ def test_auto_reads_this_ranks_gpu(monkeypatch):
     assert mb.device_memory_gib("gpu") is None
 
 
-def test_auto_on_the_cpu_leaves_the_knobs(tmp_path):
+def test_auto_on_the_cpu_leaves_the_knobs(tmp_path, capsys):
     """A CPU run of a recipe that says "auto" trains with its knobs as set (no GPU to fit)."""
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.inference.generate import SamplingConfig
@@ -114,6 +114,7 @@ def test_auto_on_the_cpu_leaves_the_knobs(tmp_path):
     out = train(model=model, data=data, trainer=trainer, sampling=SamplingConfig(enabled=False), ema_decay=None,
                 log=ExperimentConfig(name="auto", root=str(tmp_path), tensorboard=False))
     assert out["step"] == 1 and trainer.strategy.config.activation_checkpointing == "selective"
+    assert "memory budget auto: no GPU to fit, the memory knobs stay as set" in capsys.readouterr().out
 
 
 def test_the_budget_names_what_it_takes():
