@@ -13,8 +13,8 @@
   cheap element-wise ops (norms, modulation, activations) are recomputed.
 
 ``count`` (``activation_checkpointing_blocks``): ``full``, ``save_attention`` and ``selective_op`` wrap only the
-first ``count`` blocks; the rest keep all their activations and recompute nothing (the memory budget picks the
-fewest that fit, ``nemo_vfm.lightning.memory_budget``).
+first ``count`` blocks; the rest keep all their activations and recompute nothing (``trainer.memory_budget_gb``
+estimates a count set on the strategy: ``nemo_vfm.lightning.memory_budget``).
 
 The op policies (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) work eager and under
 ``torch.compile`` (blocks are compiled after they are wrapped).
