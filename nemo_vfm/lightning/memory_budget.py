@@ -2,7 +2,11 @@
 
     choice = apply_memory_budget(24, model=model_cfg, data=data, trainer=trainer_cfg, optim=optim, lora=lora)
 
-What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_attention / selective / full),
+``trainer.memory_budget_gb="auto"``: the budget is this rank's GPU memory (:func:`device_memory_gib`; on the CPU the
+knobs stay as set).
+
+What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_attention / selective / full; a count
+of checkpointed blocks, ``activation_checkpointing_blocks``, only where the run sets one: it is estimated, not searched),
 ``lora.frozen_dtype`` (None / bf16 / fp8; LoRA under a ``*-mixed`` precision), ``trainer.strategy.activation_offload``,
 ``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
 ``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
