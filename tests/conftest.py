@@ -1,7 +1,7 @@
 """Suite-wide hygiene: a test that trains in this process under ``VFMParallelStrategy`` (one process, gloo) leaves
 the default process group up and its rendezvous variables (``MASTER_PORT``...) in the environment; tear down the
 one and restore the others so the next test, and the subprocesses it starts, begin without them. The ``timing`` marker (tests that
-measure wall-clock throughput run alone, see the Makefile). Shared fixtures: a run-folder lock holder, and a tiny
+measure wall-clock throughput run alone, see the Makefile). Shared fixtures: steps of a recipe on the CPU, a run-folder lock holder, and a tiny
 random Wan folder (diffusers layout) that Wan recipes start from as from the published one."""
 
 import sys
@@ -43,6 +43,28 @@ def _no_leftover_process_group():
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def cpu_steps():
+    """``run(recipe, root, steps=2, name=None) -> summary``: ``steps`` training steps of a recipe in this process on
+    the CPU (fp32, one device, no FSDP: one process shards nothing), a checkpoint at the last one, no progress bar or
+    TensorBoard, the run under ``root/runs``; checks that it reached ``steps``."""
+    import fiddle as fdl
+
+    def run(recipe, root, steps: int = 2, name: str | None = None) -> dict:
+        recipe.trainer.strategy.fsdp = False
+        t = recipe.trainer
+        t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps = "cpu", 1, steps, steps
+        t.enable_progress_bar, t.precision = False, "32-true"
+        recipe.log.root, recipe.log.tensorboard = str(Path(root) / "runs"), False
+        if name is not None:
+            recipe.log.name = name
+        out = fdl.build(recipe)()
+        assert out["step"] == steps
+        return out
+
+    return run
 
 
 @pytest.fixture

@@ -39,31 +39,24 @@ def _tiny_folder(tmp_path):
     return cfg, C.save_weights({k: v + 0.05 * torch.randn_like(v) for k, v in base.items()}, tmp_path / "k6", cfg)
 
 
-def _train(recipe, tmp_path, folder, steps=2):
+def _on_mock(recipe, folder):
     from nemo_vfm.data.synthetic import MockLatentDataModule
 
     recipe.model.pretrained = str(folder)
     recipe.data = fdl.Config(MockLatentDataModule, latent_channels=4, num_frames=3, height=4, width=4,
                              context_dim=16, context_length=4, pooled_dim=8, batch_size=2, num_samples=8)
-    recipe.trainer.strategy.fsdp = False
     recipe.trainer.strategy.activation_checkpointing = "none"
-    t = recipe.trainer
-    t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, steps, steps, False
-    t.precision = "32-true"
-    recipe.log.root, recipe.log.tensorboard = str(tmp_path / "runs"), False
-    out = fdl.build(recipe)()
-    assert out["step"] == steps
-    return out
+    return recipe
 
 
-def test_full_finetune_trains_two_steps(tmp_path):
+def test_full_finetune_trains_two_steps(tmp_path, cpu_steps):
     _, folder = _tiny_folder(tmp_path)
     recipe = k6.finetune_kandinsky6_3b()
     recipe.optim.lr = 1e-3
-    _train(recipe, tmp_path, folder)
+    cpu_steps(_on_mock(recipe, folder), tmp_path)
 
 
-def test_lora_trains_and_exports_for_diffusers(tmp_path):
+def test_lora_trains_and_exports_for_diffusers(tmp_path, cpu_steps):
     diffusers = pytest.importorskip("diffusers")
     from safetensors.torch import load_file
 
@@ -73,7 +66,7 @@ def test_lora_trains_and_exports_for_diffusers(tmp_path):
     cfg, folder = _tiny_folder(tmp_path)
     recipe = k6.lora_kandinsky6_3b()
     recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
-    out = _train(recipe, tmp_path, folder)
+    out = cpu_steps(_on_mock(recipe, folder), tmp_path)
     out_file = export(out["checkpoint"], "lora", tmp_path / "lora.safetensors")
     lora = load_file(str(out_file))
     assert "transformer.visual_transformer_blocks.0.video_dec_block.self_attention.to_query.lora_A.weight" in lora

@@ -49,7 +49,7 @@ def _tiny():
 @pytest.mark.parametrize("video_only,ic,full", [(False, False, False), (True, False, False), (False, True, False),
                                                 (False, False, True)],
                          ids=["audio_video", "video_only", "ic_lora", "finetune"])
-def test_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, ic, full):
+def test_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, ic, full, cpu_steps):
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.models.ltx2 import convert as C
     from nemo_vfm.models.ltx2.model import LTX2Config
@@ -66,13 +66,7 @@ def test_trains_two_steps_from_a_folder_on_mock_data(tmp_path, video_only, ic, f
                              audio_shape=None if video_only else (2, 5, 4), reference_shape=(8, 2, 3, 2) if ic else None)
     if not full:
         recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
-    recipe.trainer.strategy.fsdp = False
-    t = recipe.trainer
-    t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, 2, 2, False
-    t.precision = "32-true"
-    recipe.log.root, recipe.log.tensorboard = str(tmp_path / "runs"), False
-    out = fdl.build(recipe)()
-    assert out["step"] == 2
+    cpu_steps(recipe, tmp_path)
 
 
 def test_objective_is_both_streams_losses_of_one_draw():

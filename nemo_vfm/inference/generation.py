@@ -93,6 +93,17 @@ def run_pipeline(info, parts: tuple[str, ...], what: str) -> Path:
     return root
 
 
+def check_run_matches(info, folder, fields: tuple[str, ...], root: Path) -> None:
+    """Raise ``ValueError`` when the run's network (``info``) differs from the pipeline folder's (``folder``, read
+    from ``root``) in one of ``fields`` (latent channels, text widths): that folder would decode other latents."""
+    cfg, want = info.model_config, folder.model_config
+    odd = [f for f in fields if getattr(cfg, f, None) != getattr(want, f, None)]
+    if odd:
+        raise ValueError(f"{info.path}'s network has {', '.join(f'{f}={getattr(cfg, f, None)}' for f in odd)} but "
+                         f"the pipeline folder {root} has {', '.join(f'{f}={getattr(want, f, None)}' for f in odd)}; "
+                         "sample it with the pipeline folder it was fine-tuned from")
+
+
 @dataclass(frozen=True, kw_only=True)
 class FamilyGeneration:
     """A family's generation adapter.

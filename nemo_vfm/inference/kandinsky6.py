@@ -356,17 +356,11 @@ def kandinsky6_run_info(info):
     or lacks a part, or when the run's latent channels differ from the folder's."""
     import dataclasses
 
-    from nemo_vfm.inference.generation import run_pipeline
+    from nemo_vfm.inference.generation import check_run_matches, run_pipeline
 
     root = run_pipeline(info, _PARTS, "Kandinsky6TI2VAPipeline")
     folder = kandinsky6_checkpoint_info(root)
-    cfg, want = info.model_config, folder.model_config
-    odd = [f for f in ("in_channels", "out_channels", "audio_channels", "context_dim", "pooled_dim")
-           if getattr(cfg, f, None) != getattr(want, f, None)]
-    if odd:
-        raise ValueError(f"{info.path}'s network has {', '.join(f'{f}={getattr(cfg, f, None)}' for f in odd)} but "
-                         f"the pipeline folder {root} has {', '.join(f'{f}={getattr(want, f, None)}' for f in odd)}; "
-                         "sample it with the pipeline folder it was fine-tuned from")
+    check_run_matches(info, folder, ("in_channels", "out_channels", "audio_channels", "context_dim", "pooled_dim"), root)
     return dataclasses.replace(info, objective=folder.objective, generation=folder.generation, pipeline=root)
 
 

@@ -375,19 +375,14 @@ def ltx2_run_info(info):
     latent channels differ from the folder's."""
     import dataclasses
 
-    from nemo_vfm.inference.generation import run_pipeline
+    from nemo_vfm.inference.generation import check_run_matches, run_pipeline
 
     root = run_pipeline(info, _PARTS, "LTX2Pipeline")
     folder = ltx2_checkpoint_info(root)
     _check(folder)
-    cfg, want = info.model_config, folder.model_config
-    odd = [f for f in ("in_channels", "out_channels", "audio_in_channels", "audio_mel_bins", "caption_channels")
-           if getattr(cfg, f) != getattr(want, f)]
-    if odd:
-        raise ValueError(f"{info.path}'s network has {', '.join(f'{f}={getattr(cfg, f)}' for f in odd)} but the "
-                         f"pipeline folder {root} ({', '.join(f'{f}={getattr(want, f)}' for f in odd)}) decodes other "
-                         "latents; sample it with the pipeline folder it was fine-tuned from")
-    return dataclasses.replace(info, model_config=dataclasses.replace(cfg, cross_timestep=True),
+    check_run_matches(info, folder, ("in_channels", "out_channels", "audio_in_channels", "audio_mel_bins",
+                                     "caption_channels"), root)
+    return dataclasses.replace(info, model_config=dataclasses.replace(info.model_config, cross_timestep=True),
                                objective=folder.objective, generation=folder.generation, pipeline=root)
 
 

@@ -104,8 +104,8 @@ def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shar
                 audio_shape=getattr(data, "audio_shape", None), reference_shape=getattr(data, "reference_shape", None))
     per_sample, flops = spec.memory_streams(model_config, clip, spec.flops)
     samples = data.batch_size * (max(1, data.max_seq_length // clip.video_tokens) if data.max_seq_length else 1)
-    per_gpu = tuple(dataclasses.replace(s, tokens=max(min(1, s.tokens), samples * s.tokens // (token_shards if s.split else 1)))
-                    for s in per_sample)
+    per_gpu = tuple(dataclasses.replace(s, tokens=max(1, samples * s.tokens // (token_shards if s.split else 1))
+                                        if s.tokens else 0) for s in per_sample)
     blocks, outside = count_params(model_config, lora)
     return Workload(blocks=blocks, outside=outside, streams=per_gpu,
                     forward_flops=samples * flops.forward / token_shards, attention_share=flops.attention / flops.forward,

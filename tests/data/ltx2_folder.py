@@ -103,9 +103,9 @@ def write_clip(path: Path, frames: int = 9, size: int = 16, fps: int = 8, audio_
     return path
 
 
-def train_on_prepared(recipe, model_kw: dict, path, tmp_path, batch: int = 2) -> dict:
-    """Two CPU steps of an LTX-2 recipe (``lora_ltx2`` / ``lora_ltx2_ic``) on prepared shards at ``path``: the tiny
-    flavor (``model_kw`` on top), LoRA rank 4 on an fp32 base, one process, no FSDP."""
+def on_prepared(recipe, model_kw: dict, path, batch: int = 2):
+    """An LTX-2 LoRA recipe (``lora_ltx2`` / ``lora_ltx2_ic``) set to train on prepared shards at ``path``: the tiny
+    flavor (``model_kw`` on top), LoRA rank 4 on an fp32 base (run it with the ``cpu_steps`` fixture)."""
     import fiddle as fdl
 
     from nemo_vfm.models.ltx2.flavors import ltx2_config
@@ -114,9 +114,4 @@ def train_on_prepared(recipe, model_kw: dict, path, tmp_path, batch: int = 2) ->
     recipe.model = fdl.Config(LTX2Config, **{**vars(ltx2_config("tiny")), **model_kw})
     recipe.data.path, recipe.data.micro_batch_size, recipe.data.num_workers = str(path), batch, 0
     recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
-    recipe.trainer.strategy.fsdp = False
-    t = recipe.trainer
-    t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, 2, 2, False
-    t.precision = "32-true"
-    recipe.log.root, recipe.log.tensorboard = str(tmp_path / "runs"), False
-    return fdl.build(recipe)()
+    return recipe

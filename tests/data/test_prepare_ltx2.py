@@ -16,7 +16,7 @@ import pytest
 import torch
 from ltx2_folder import (  # tests/data/ltx2_folder.py (pytest puts tests/data on the path)
     build_pipeline_folder,
-    train_on_prepared,
+    on_prepared,
     write_clip,
 )
 
@@ -187,17 +187,13 @@ def test_loader_carries_audio_and_masks_the_clip_without(video_only_out):
     assert batch.audio_latents[keys.index("c")].abs().sum() == 0
 
 
-def _lora_ltx2_on(path, tmp_path, batch):
+def test_lora_ltx2_trains_on_prepared_audio_video(tmp_path, clips, ltx2_dir, video_only_out, cpu_steps):
     import nemo_vfm_recipes.ltx2 as L
 
-    return train_on_prepared(L.lora_ltx2(), {}, path, tmp_path, batch)
-
-
-def test_lora_ltx2_trains_on_prepared_audio_video(tmp_path, clips, ltx2_dir, video_only_out):
     with_audio = tmp_path / "with_audio"
     assert _prepare(clips, with_audio, ltx2_dir).written == 2  # missing_audio=skip: a and b
     for name, data, batch in (("audio", with_audio, 2), ("mixed", video_only_out, 3)):  # mixed: c in every batch
-        assert _lora_ltx2_on(data, tmp_path / name, batch)["step"] == 2
+        cpu_steps(on_prepared(L.lora_ltx2(), {}, data, batch), tmp_path / name)
         rows = [json.loads(x) for x in next((tmp_path / name).rglob("metrics.jsonl")).read_text().splitlines()]
         audio = [v for r in rows for k, v in r.items() if k.endswith("mse_audio")]
         assert len(audio) == 2 and all(v > 0 for v in audio), rows

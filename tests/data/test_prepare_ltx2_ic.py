@@ -12,7 +12,7 @@ from io import BytesIO
 import numpy as np
 import pytest
 import torch
-from ltx2_folder import build_pipeline_folder, train_on_prepared, write_clip  # tests/data/ltx2_folder.py
+from ltx2_folder import build_pipeline_folder, on_prepared, write_clip  # tests/data/ltx2_folder.py
 
 from nemo_vfm.data.prepare import MissingReferenceError, PrepareConfig, prepare
 
@@ -161,13 +161,9 @@ def test_loader_carries_reference_latents_and_packing_refuses_them(prepared):
         check_reference_downscale(object(), K, "data/x")
 
 
-def _lora_ltx2_ic_on(path, tmp_path, downscale):
+def test_lora_ltx2_ic_trains_on_prepared_references_and_refuses_another_downscale(prepared, tmp_path, monkeypatch,
+                                                                                   cpu_steps):
     import nemo_vfm_recipes.ltx2 as L
-
-    return train_on_prepared(L.lora_ltx2_ic(), {"reference_downscale": downscale}, path, tmp_path)
-
-
-def test_lora_ltx2_ic_trains_on_prepared_references_and_refuses_another_downscale(prepared, tmp_path, monkeypatch):
     from nemo_vfm.models.ltx2.model import LTX2Model
 
     out, _ = prepared
@@ -179,9 +175,9 @@ def test_lora_ltx2_ic_trains_on_prepared_references_and_refuses_another_downscal
 
     monkeypatch.setattr(LTX2Model, "forward", spy)
     with pytest.raises(ValueError, match=r"reference_downscale=2 but model\.reference_downscale=1"):
-        _lora_ltx2_ic_on(out, tmp_path / "mismatch", 1)
+        cpu_steps(on_prepared(L.lora_ltx2_ic(), {"reference_downscale": 1}, out), tmp_path / "mismatch")
     assert not seen and not list((tmp_path / "mismatch").rglob("metrics.jsonl"))  # stopped before any step
-    assert _lora_ltx2_ic_on(out, tmp_path / "ic", K)["step"] == 2
+    cpu_steps(on_prepared(L.lora_ltx2_ic(), {"reference_downscale": K}, out), tmp_path / "ic")
     assert seen == [((2, 8, 3, 4, 4), (2, 8, 3, 2, 2))] * 2  # the network read the prepared references every step
     rows = [json.loads(x) for x in next((tmp_path / "ic").rglob("metrics.jsonl")).read_text().splitlines()]
     assert len([r for r in rows if any(k.endswith("mse_audio") for k in r)]) == 2, rows

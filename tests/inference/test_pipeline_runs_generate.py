@@ -16,18 +16,13 @@ from tests.inference.test_kandinsky6_generate import folder  # noqa: E402, F401
 from tests.inference.test_ltx2_generate import FRAMES, PROMPT, SIZE, _pipeline_noise, pipe_and_folder  # noqa: E402, F401
 
 
-def _train(recipe, data, root, tmp_path, name):
-    """Two LoRA steps (rank 4, fp32 base, an EMA copy) of ``recipe`` on CPU -> the run's folder."""
+def _train(cpu_steps, recipe, data, tmp_path, name):
+    """Two LoRA steps (rank 4, fp32 base, an EMA copy; the recipe's checkpointing) of ``recipe`` on CPU -> the run's
+    folder."""
     recipe.data = data
     recipe.lora.rank, recipe.lora.frozen_dtype, recipe.optim.lr = 4, None, 1e-2
     recipe.ema_decay = 0.5
-    recipe.trainer.strategy.fsdp = False
-    recipe.trainer.strategy.activation_checkpointing = "none"
-    t = recipe.trainer
-    t.accelerator, t.devices, t.max_steps, t.checkpoint_every_n_steps, t.enable_progress_bar = "cpu", 1, 2, 2, False
-    t.precision = "32-true"
-    recipe.log.root, recipe.log.name, recipe.log.tensorboard = str(tmp_path / "runs"), name, False
-    assert fdl.build(recipe)()["step"] == 2
+    cpu_steps(recipe, tmp_path, name=name)
     return tmp_path / "runs" / name
 
 
@@ -47,7 +42,7 @@ def _audio_streams(mp4) -> int:
 
 
 @pytest.fixture(scope="module", params=["lora_ltx2", "lora_ltx2_video"])
-def ltx2_run(request, pipe_and_folder, tmp_path_factory):  # noqa: F811
+def ltx2_run(request, pipe_and_folder, tmp_path_factory, cpu_steps):  # noqa: F811
     """A run of ``lora_ltx2`` (both streams) or ``lora_ltx2_video`` (video only: sampled with the base's audio)."""
     import nemo_vfm_recipes.ltx2 as L
     from nemo_vfm.data.synthetic import MockLatentDataModule
@@ -60,7 +55,7 @@ def ltx2_run(request, pipe_and_folder, tmp_path_factory):  # noqa: F811
     recipe.model = fdl.Config(LTX2Config, **{**cfg, "cross_timestep": False, "pretrained": str(root)})
     data = fdl.Config(MockLatentDataModule, latent_channels=8, num_frames=2, height=3, width=2, context_dim=16,
                       context_length=4, batch_size=2, num_samples=4, audio_shape=None if video_only else (2, 5, 4))
-    return _train(recipe, data, root, tmp_path_factory.mktemp("ltx2_run"), request.param)
+    return _train(cpu_steps, recipe, data, tmp_path_factory.mktemp("ltx2_run"), request.param)
 
 
 def test_ltx2_run_samples_as_the_pipeline_with_its_weights(pipe_and_folder, ltx2_run):  # noqa: F811
@@ -114,7 +109,7 @@ def test_vfm_generate_samples_an_ltx2_run_with_sound(ltx2_run, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def k6_run(audio_folder, tmp_path_factory):  # noqa: F811
+def k6_run(audio_folder, tmp_path_factory, cpu_steps):  # noqa: F811
     import nemo_vfm_recipes.kandinsky6 as k6
     from nemo_vfm.data.synthetic import MockLatentDataModule
 
@@ -122,7 +117,7 @@ def k6_run(audio_folder, tmp_path_factory):  # noqa: F811
     recipe.model.pretrained = str(audio_folder / "transformer")  # a transformer folder inside the pipeline folder
     data = fdl.Config(MockLatentDataModule, latent_channels=4, num_frames=3, height=4, width=4, context_dim=16,
                       context_length=4, pooled_dim=8, batch_size=2, num_samples=8)
-    return _train(recipe, data, audio_folder, tmp_path_factory.mktemp("k6_run"), "lora_kandinsky6_3b")
+    return _train(cpu_steps, recipe, data, tmp_path_factory.mktemp("k6_run"), "lora_kandinsky6_3b")
 
 
 def test_kandinsky6_run_samples_as_the_pipeline_with_its_weights(audio_folder, k6_run):  # noqa: F811
@@ -196,3 +191,18 @@ def test_a_run_without_its_pipeline_folder_is_refused(k6_run, tmp_path, capsys, 
     lacking = dataclasses.replace(run, model_config=cfg)
     with pytest.raises(ValueError, match=r"has no text_encoder_2/, tokenizer_2/; copy the pipeline's"):
         kandinsky6_run_info(lacking)
+
+
+def test_a_run_whose_network_differs_from_its_pipeline_folder_is_refused(k6_run):
+    """Another latent width than the folder's (a folder swapped under the run): refused naming both values, before
+    the weights load."""
+    import dataclasses
+
+    from nemo_vfm.inference.checkpoint import read_checkpoint_info
+    from nemo_vfm.inference.kandinsky6 import kandinsky6_run_info
+
+    run = read_checkpoint_info(k6_run)
+    odd = dataclasses.replace(run, model_config=dataclasses.replace(run.model_config, in_channels=8, out_channels=8))
+    with pytest.raises(ValueError, match=r"network has in_channels=8, out_channels=8 but the pipeline folder .* has "
+                                         r"in_channels=4, out_channels=4; sample it with the pipeline folder"):
+        kandinsky6_run_info(odd)
