@@ -16,6 +16,13 @@ captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
     python bench/learning_check.py --preset gpu --steps 2400 --out lc_base
     python bench/learning_check.py --preset gpu --steps 2400 --set init_from=lc_base/run --set lora.rank=64 \
         --set lora.frozen_dtype=fp8 --out lc_lora_fp8
+    # DMD2 (issue 48): the finished check (the teacher) distilled to a 4-step student, its previews scored the same
+    # way (drawn on the student's 4 levels without CFG); the optimizer as recipes/distill.py's with_distillation
+    python bench/learning_check.py --preset gpu --out lc_teacher
+    python bench/learning_check.py --preset gpu --steps 1000 --goal 0.9 --set init_from=lc_teacher/run \
+        --set distill.num_steps=4 --set distill.teacher_guidance=3 --set optim.lr=1e-4 --set optim.weight_decay=0 \
+        --set "optim.betas=[0,0.999]" --set optim.warmup_steps=20 --set cond_dropout=0 --set ema_decay=0.99 \
+        --out lc_student
     # the training losses of finished runs side by side
     python bench/learning_check.py --compare dense=RUN_A sta=RUN_B --out losses.png
 
@@ -62,7 +69,7 @@ def preset(name: str) -> dict:
             objective=EDM(sigma_data=0.5, prediction="x0", p_mean=0.5, p_std=1.5),
             optim=OptimConfig(lr=3e-3, warmup_steps=50, schedule="cosine"),
             sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=16),
-            ema_decay=0.995, cond_dropout=0.1, seed=1234, init_from=None, lora=None)
+            ema_decay=0.995, cond_dropout=0.1, seed=1234, init_from=None, lora=None, distill=None)
     if name == "gpu":  # DiT-S, 16x64x64 pixels -> 12x16x32x32 latents, patch (1, 2, 2): 4,096 tokens per clip
         # run 1 (RoPE only, p_mean -1.2, lr 3e-4; bench/results/learning_check_gpu_1) drew fragments: these are
         # the CPU demo's fixes (sin-cos positions, paths centred), with the noise levels moved up to where 16x64x64
@@ -84,7 +91,7 @@ def preset(name: str) -> dict:
             objective=EDM(sigma_data=0.5, prediction="x0", p_mean=1.0, p_std=1.6),
             optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule="cosine"),
             sampling=SamplingConfig(num_steps=24, guidance=3.0, num_samples=32),
-            ema_decay=0.998, cond_dropout=0.1, seed=1234, init_from=None, lora=None)
+            ema_decay=0.998, cond_dropout=0.1, seed=1234, init_from=None, lora=None, distill=None)
     raise ValueError(f"unknown preset {name!r}; choose quickstart or gpu")
 
 
@@ -106,6 +113,10 @@ def _set(cfg: dict, assignment: str) -> None:
         from nemo_vfm.models.common.lora import LoRAConfig
 
         obj = cfg["lora"] = LoRAConfig()
+    if obj is None and section == "distill":  # the first distill.* field turns DMD2 distillation on
+        from nemo_vfm.lightning.distill_module import DistillConfig
+
+        obj = cfg["distill"] = DistillConfig()
     if not hasattr(obj, attr):
         raise ValueError(f"--set {assignment}: {type(obj).__name__} has no field {attr!r}")
     if isinstance(getattr(obj, attr), tuple):

@@ -53,6 +53,9 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if self.lr <= 0 or self.warmup_steps < 0:
             raise ValueError("OptimConfig.lr must be > 0 and warmup_steps >= 0")
+        if len(self.betas) != 2:
+            raise ValueError(f"OptimConfig.betas must be two numbers (beta1, beta2), got {self.betas!r}")
+        self.betas = tuple(float(b) for b in self.betas)  # `betas=[0,0.999]` from a command line: torch wants floats
         if self.name not in OPTIMIZERS:
             raise ValueError(f"OptimConfig.name must be one of {OPTIMIZERS}, got {self.name!r}")
         if self.name == "adamw8bit" and self.fused:

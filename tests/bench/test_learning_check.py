@@ -121,3 +121,21 @@ def test_losses_are_kept_as_means_of_each_log_interval(tmp_path):
     means = [{"step": 50 * k, "loss": 1 / k} for k in range(1, 11)]
     (tmp_path / "s" / "metrics_summary.json").write_text(json.dumps({"loss_every": 50, "loss": means}))
     assert lc.compare_losses({"s": tmp_path / "s"}, tmp_path / "s.png", window=100).stat().st_size > 0
+
+
+def test_set_turns_distillation_on_and_betas_become_floats():
+    from nemo_vfm.lightning.distill_module import DistillConfig
+
+    cfg = lc.preset("gpu")
+    assert cfg["distill"] is None
+    lc._set(cfg, "distill.num_steps=4")
+    lc._set(cfg, "distill.teacher_guidance=3")
+    lc._set(cfg, "optim.betas=[0,0.999]")
+    assert cfg["distill"] == DistillConfig(num_steps=4, teacher_guidance=3)
+    assert cfg["optim"].betas == (0.0, 0.999) and all(type(b) is float for b in cfg["optim"].betas)
+    import pytest
+
+    from nemo_vfm.lightning.module import OptimConfig
+
+    with pytest.raises(ValueError, match="two numbers"):
+        OptimConfig(betas=(0.9,))
