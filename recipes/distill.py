@@ -80,8 +80,8 @@ def distill_wan_1_3b() -> run.Partial:
 def distill_wan_14b() -> run.Partial:
     """Wan2.1-T2V-14B distilled to a 4-step student on 4+ GPUs: the student and critic as LoRA (rank 64) on one bf16
     frozen base each, the frozen teacher in bf16 too (``distill.teacher_dtype``: 28 GB instead of 56; it computes in
-    bf16 under autocast either way), all three sharded by FSDP2 over every rank, full activation checkpointing. Not
-    measured on GPUs (no 4-GPU machine was available).
+    bf16 under autocast either way), all three sharded by FSDP2 over every rank, full activation checkpointing. Its step
+    time and memory per GPU on 4 GPUs: docs/benchmarks.md section 10.
     CLI: ``torchrun --nproc-per-node 4 launchers/train.py --factory distill_wan_14b --yes model.pretrained=DIR``
     Python: ``recipe = distill.distill_wan_14b(); recipe.lora.rank = 128``
     """

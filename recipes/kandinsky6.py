@@ -13,7 +13,7 @@ CLIP ViT-L pooled text (``pooled_context (768,)``), bucketed (not packed)::
 The training path is video only: the audio stream is not run
 (its weights are kept as loaded); a joint video + audio objective is not built. Objective: rectified flow with a
 velocity target, uniform times (shift 1.0: the release's training shift is not known here), sampled on the
-pipeline's Euler grid. Speed and memory on GPUs: not measured.
+pipeline's Euler grid. Speed on GPUs: docs/benchmarks.md ("Fine-tuning recipes vs diffusers"; LoRA only).
 
 CLI::
 
@@ -87,7 +87,8 @@ def finetune_kandinsky6_3b() -> run.Partial:
 @run.cli.factory(target=train)
 def lora_kandinsky6_3b() -> run.Partial:
     """LoRA (rank 32, alpha 32) on the video stream's attention and FFN linears of Kandinsky 6 Video Lite (3B); the
-    frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing. GPU speed and memory not measured.
+    frozen base in bf16, FSDP2 over the GPUs given, full activation checkpointing. Speed beside diffusers + peft:
+    docs/benchmarks.md ("Fine-tuning recipes vs diffusers").
     CLI: ``python launchers/train.py --factory lora_kandinsky6_3b --yes model.pretrained=DIR lora.rank=64``
     Python: ``recipe = kandinsky6.lora_kandinsky6_3b(); recipe.lora.rank = 64``
     Sample it: ``vfm generate --ckpt experiments/lora_kandinsky6_3b --prompt "..."``

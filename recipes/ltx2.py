@@ -131,7 +131,8 @@ def finetune_ltx2() -> run.Partial:
 def lora_ltx2() -> run.Partial:
     """LoRA (rank 32, alpha 32) on every attention and feed-forward linear of LTX-2's video and audio streams, trained
     on both streams (batches with audio latents: ``vfm prepare ... audio_vae=DIR``, module docstring); frozen base in
-    bf16, FSDP2 over the GPUs given, full activation checkpointing. GPU speed and memory not measured.
+    bf16, FSDP2 over the GPUs given, full activation checkpointing. Speed beside diffusers + peft and the 24 GB plan:
+    docs/benchmarks.md ("Fine-tuning recipes vs diffusers", "Memory budgets").
     CLI: ``python launchers/train.py --factory lora_ltx2 --yes model.pretrained=DIR data.path=PREPARED lora.rank=64``
     Python: ``recipe = ltx2.lora_ltx2(); recipe.lora.rank = 64``
     Sample it: ``vfm generate --ckpt experiments/lora_ltx2 --prompt "..."``
