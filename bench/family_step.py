@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 if not __package__:  # run as `python bench/NAME.py`: import bench as a package
@@ -110,47 +111,136 @@ def peft_targets(case: Case):
     return PEFT_TARGETS.get(case.factory, PEFT_TARGETS.get(case.family))
 
 
-def _flavors(family: str):
-    if family == "wan":
-        from nemo_vfm.models.wan import convert
-        from nemo_vfm.models.wan.flavors import FLAVORS
-    elif family == "cosmos":
-        from nemo_vfm.models.cosmos import convert
-        from nemo_vfm.models.cosmos.flavors import FLAVORS
-    elif family == "kandinsky6":
-        from nemo_vfm.models.kandinsky6 import convert
-        from nemo_vfm.models.kandinsky6.flavors import FLAVORS
-    elif family == "ltx2":
-        from nemo_vfm.models.ltx2 import convert
-        from nemo_vfm.models.ltx2.flavors import FLAVORS
-    else:
-        from nemo_vfm.models.hunyuan import convert
-        from nemo_vfm.models.hunyuan.flavors import FLAVORS
-    return FLAVORS, convert
+# -- what differs between families, as data ---------------------------------------------------------------------
+# Each ``call`` is diffusers' forward of ``model`` as the family's pipeline calls it: ``x (B, C, T, H, W)``, ``t (B,)``
+# in [0, 1], ``ctx (B, L, D)``, ``audio (B, Ca, La, M)`` or None, ``extra`` the inputs ``extra_inputs`` drew once;
+# it returns the velocity (with LTX-2's audio: ``(velocity, audio velocity)``).
+def _wan_call(model, cfg, case, x, t, ctx, audio, extra):
+    B, _, T, H, W = x.shape
+    pt, ph, pw = cfg.patch_size
+    ts = t * 1000
+    if case.flavor == "ti2v_5b":  # Wan 2.2 TI2V: per-token times (the first frame's clean tokens at 0)
+        ts = ts[:, None].expand(B, (T // pt) * (H // ph) * (W // pw)).clone()
+        ts[:, : (H // ph) * (W // pw)] = 0
+    return model(x, ts, ctx, return_dict=False)[0]
+
+
+def _cosmos_call(model, cfg, case, x, t, ctx, audio, extra):
+    B, _, T, H, W = x.shape
+    cond = x.new_zeros(B, 1, T, H, W)
+    return model(x, t, ctx, condition_mask=cond, padding_mask=x.new_zeros(1, 1, H, W), return_dict=False)[0]
+
+
+def _kandinsky6_call(model, cfg, case, x, t, ctx, audio, extra):
+    """(B, T, H, W, C) latents with the zero conditioning latent and mask channels; the CLIP pooled text."""
+    import torch
+
+    h = x.permute(0, 2, 3, 4, 1)
+    if cfg.visual_cond:
+        h = torch.cat([h, h.new_zeros(*h.shape[:-1], cfg.in_channels + 1)], -1)
+    out = model(hidden_states=h, encoder_hidden_states=ctx, pooled_projections=extra["pooled"].expand(x.shape[0], -1),
+                timestep=t * 1000, return_dict=False)[0]  # fp32 times, as the pipeline
+    return out.permute(0, 4, 1, 2, 3)
+
+
+def _ltx2_call(model, cfg, case, x, t, ctx, audio, extra):
+    """Packed tokens (patch 1: one token per latent position); audio as (B, La, Ca M) tokens."""
+    B, _, T, H, W = x.shape
+    a = audio.transpose(1, 2).flatten(2) if audio is not None else x.new_zeros(B, 1, cfg.audio_in_channels)
+    ts = t * 1000  # fp32, as the pipeline
+    v, va = model(hidden_states=x.flatten(2).transpose(1, 2), audio_hidden_states=a, encoder_hidden_states=ctx,
+                  audio_encoder_hidden_states=extra["audio_context"].to(ctx), timestep=ts, sigma=ts, num_frames=T,
+                  height=H, width=W, fps=cfg.fps, audio_num_frames=a.shape[1], isolate_modalities=audio is None,
+                  return_dict=False)
+    v = v.transpose(1, 2).reshape(x.shape)
+    if audio is None:
+        return v
+    return v, va.unflatten(2, (audio.shape[1], audio.shape[3])).transpose(1, 2)
+
+
+def _hunyuan_call(model, cfg, case, x, t, ctx, audio, extra):
+    """Text-to-video: the zero condition channels, masked ByT5 and SigLIP tokens."""
+    import torch
+
+    B, _, T, H, W = x.shape
+    zeros = x.new_zeros
+    return model(hidden_states=torch.cat([x, zeros(B, cfg.cond_channels, T, H, W)], 1), timestep=(t * 1000).to(x.dtype),
+                 encoder_hidden_states=ctx, encoder_attention_mask=torch.ones(ctx.shape[:2], device=x.device),
+                 encoder_hidden_states_2=zeros(B, 256, cfg.glyph_dim),
+                 encoder_attention_mask_2=torch.zeros(B, 256, device=x.device),
+                 image_embeds=zeros(B, 729, cfg.image_dim), return_dict=False)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How the bench runs a family: ``config`` (our config class in ``nemo_vfm.models.<family>.model``),
+    ``transformer`` (diffusers' class) and its ``call``; ``tiny`` overrides our tiny network where diffusers fixes
+    a size; ``extra_inputs(cfg, ctx_shape, generator)`` draws the inputs its pipeline adds once; ``ours(cfg)`` adds
+    overrides to our command; ``setup()`` runs before diffusers builds the network."""
+
+    config: str
+    transformer: str
+    call: Callable
+    tiny: dict = dataclasses.field(default_factory=dict)
+    extra_inputs: Callable | None = None
+    ours: Callable | None = None
+    setup: Callable | None = None
+
+
+def _nearest_resize_shim() -> None:
+    """diffusers' Cosmos transformer resizes its padding mask with torchvision; without torchvision, the same
+    nearest-neighbour resize through ``F.interpolate``."""
+    import types
+
+    import torch.nn.functional as F
+    from diffusers.models.transformers import transformer_cosmos as tc
+
+    if not hasattr(tc, "transforms"):
+        resize = lambda x, size, interpolation=None: F.interpolate(x, size=size, mode="nearest")  # noqa: E731
+        tc.transforms = types.SimpleNamespace(functional=types.SimpleNamespace(resize=resize),
+                                              InterpolationMode=types.SimpleNamespace(NEAREST="nearest"))
+
+
+def _randn(shape, g):
+    import torch
+
+    return torch.randn(shape, generator=g)
+
+
+FAMILIES = {
+    "wan": Family("WanConfig", "WanTransformer3DModel", _wan_call),
+    "cosmos": Family("CosmosConfig", "CosmosTransformer3DModel", _cosmos_call, setup=_nearest_resize_shim),
+    # the CLIP pooled text, as ours' mock data give ours
+    "kandinsky6": Family("Kandinsky6Config", "Kandinsky6Transformer3DModel", _kandinsky6_call,
+                         extra_inputs=lambda cfg, ctx_shape, g: {"pooled": _randn((1, cfg.pooled_dim), g)}),
+    # the audio connector's output (ours' mock audio_context); the mock data cannot read LTX-2's text width
+    # (caption_channels) from the model
+    "ltx2": Family("LTX2Config", "LTX2VideoTransformer3DModel", _ltx2_call,
+                   extra_inputs=lambda cfg, ctx_shape, g: {"audio_context": _randn(ctx_shape, g)},
+                   ours=lambda cfg: [f"data.context_dim={text_dim(cfg)}"]),
+    "hunyuan": Family("HunyuanVideoConfig", "HunyuanVideo15Transformer3DModel", _hunyuan_call,
+                      tiny={"glyph_hidden": 2048}),  # diffusers fixes HunyuanVideo's ByT5 width at 2048
+}
+
+
+def _module(family: str, name: str):
+    import importlib
+
+    return importlib.import_module(f"nemo_vfm.models.{family}.{name}")
 
 
 def tiny_overrides(case: Case) -> dict:
-    """The family's ``tiny`` test architecture (diffusers fixes HunyuanVideo's ByT5 width at 2048)."""
-    flavors, _ = _flavors(case.family)
-    kw = dict(flavors["tiny"])
-    if case.family == "hunyuan":
-        kw["glyph_hidden"] = 2048
+    """The family's ``tiny`` test architecture, with what diffusers fixes."""
+    kw = {**_module(case.family, "flavors").FLAVORS["tiny"], **FAMILIES[case.family].tiny}
     if case.flavor == "ti2v_5b":
         kw.update(in_channels=48, out_channels=48)
     return kw
 
 
 def model_config(case: Case, tiny: bool):
-    from nemo_vfm.models.cosmos.model import CosmosConfig
-    from nemo_vfm.models.hunyuan.model import HunyuanVideoConfig
-    from nemo_vfm.models.kandinsky6.model import Kandinsky6Config
-    from nemo_vfm.models.ltx2.model import LTX2Config
-    from nemo_vfm.models.wan.model import WanConfig
-
-    flavors, _ = _flavors(case.family)
-    cls = {"wan": WanConfig, "cosmos": CosmosConfig, "hunyuan": HunyuanVideoConfig, "kandinsky6": Kandinsky6Config,
-           "ltx2": LTX2Config}[case.family]
-    return cls(**{**flavors[case.flavor], **(tiny_overrides(case) if tiny else {})})
+    cls = getattr(_module(case.family, "model"), FAMILIES[case.family].config)
+    flavor = _module(case.family, "flavors").FLAVORS[case.flavor]
+    return cls(**{**flavor, **(tiny_overrides(case) if tiny else {})})
 
 
 def text_dim(cfg) -> int:
@@ -174,8 +264,9 @@ def ours_overrides(case: Case, latent, text: int, tiny: bool) -> list[str]:
     t, h, w = latent
     out = ["model.pretrained=None", "data=mock", f"data.num_frames={t}", f"data.height={h}", f"data.width={w}",
            f"data.context_length={text}", *case.overrides]
-    if case.family == "ltx2":  # the mock data cannot read LTX-2's text width (caption_channels) from the model
-        out.append(f"data.context_dim={text_dim(model_config(case, tiny))}")
+    family = FAMILIES[case.family]
+    if family.ours is not None:
+        out += family.ours(model_config(case, tiny))
     if case.audio is not None:
         out.append(f"data.audio_shape={_cli_value(audio_shape(case, tiny))}")
     if tiny:
@@ -184,99 +275,32 @@ def ours_overrides(case: Case, latent, text: int, tiny: bool) -> list[str]:
 
 
 # -- diffusers ------------------------------------------------------------------------------------------------
-def diffusers_net(case: Case, cfg, device, dtype):
+def diffusers_net(case: Case, cfg, device, dtype, text: int = TINY_TEXT):
     """diffusers' network of ``cfg`` built in ``dtype`` on ``device`` and ``net(x, t, ctx, audio=None) -> velocity``
-    (``(velocity, audio velocity)`` with LTX-2's ``audio (B, Ca, La, M)`` latents)."""
+    (``(velocity, audio velocity)`` with LTX-2's ``audio (B, Ca, La, M)`` latents) for ``text`` tokens of context."""
+    import diffusers
     import torch
 
-    _, convert = _flavors(case.family)
+    family = FAMILIES[case.family]
+    convert = _module(case.family, "convert")
+    if family.setup is not None:
+        family.setup()
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     torch.manual_seed(0)
     try:
         with torch.device(device):
-            if case.family == "wan":
-                from diffusers import WanTransformer3DModel
-
-                model = WanTransformer3DModel(**convert.config_to_diffusers(cfg))
-            elif case.family == "cosmos":
-                from diffusers import CosmosTransformer3DModel
-
-                _nearest_resize_shim()
-                model = CosmosTransformer3DModel(**convert.config_to_diffusers(cfg))
-            elif case.family == "kandinsky6":
-                from diffusers import Kandinsky6Transformer3DModel
-
-                model = Kandinsky6Transformer3DModel(**convert.config_to_diffusers(cfg))
-            elif case.family == "ltx2":
-                from diffusers import LTX2VideoTransformer3DModel
-
-                model = LTX2VideoTransformer3DModel(**convert.config_to_diffusers(cfg))
-            else:
-                from diffusers import HunyuanVideo15Transformer3DModel
-
-                model = HunyuanVideo15Transformer3DModel(**convert.config_to_diffusers(cfg))
+            model = getattr(diffusers, family.transformer)(**convert.config_to_diffusers(cfg))
     finally:
         torch.set_default_dtype(prev)
-    pt, ph, pw = cfg.patch_size
     g = torch.Generator().manual_seed(1)
-    if case.family == "kandinsky6":  # the CLIP pooled text, as ours' mock data give ours
-        pooled = torch.randn(1, cfg.pooled_dim, generator=g).to(device, dtype)
-    actx = None  # LTX-2: the audio connector's output (ours' mock audio_context), drawn at the first call
+    extra = family.extra_inputs(cfg, (1, text, text_dim(cfg)), g) if family.extra_inputs else {}
+    extra = {k: v.to(device, dtype) for k, v in extra.items()}
 
     def net(x, t, ctx, audio=None):
-        B, _, T, H, W = x.shape
-        if case.family == "wan":
-            ts = t * 1000
-            if case.flavor == "ti2v_5b":  # Wan 2.2 TI2V: per-token times (the first frame's clean tokens at 0)
-                ts = ts[:, None].expand(B, (T // pt) * (H // ph) * (W // pw)).clone()
-                ts[:, : (H // ph) * (W // pw)] = 0
-            return model(x, ts, ctx, return_dict=False)[0]
-        if case.family == "cosmos":
-            cond = x.new_zeros(B, 1, T, H, W)
-            return model(x, t, ctx, condition_mask=cond, padding_mask=x.new_zeros(1, 1, H, W), return_dict=False)[0]
-        if case.family == "kandinsky6":  # (B, T, H, W, C) with the zero conditioning latent and mask channels
-            h = x.permute(0, 2, 3, 4, 1)
-            if cfg.visual_cond:
-                h = torch.cat([h, h.new_zeros(*h.shape[:-1], cfg.in_channels + 1)], -1)
-            out = model(hidden_states=h, encoder_hidden_states=ctx, pooled_projections=pooled.expand(B, -1),
-                        timestep=t * 1000, return_dict=False)[0]  # fp32 times, as the pipeline
-            return out.permute(0, 4, 1, 2, 3)
-        if case.family == "ltx2":  # packed tokens (patch 1: one token per latent position); audio (B, La, Ca M)
-            nonlocal actx
-            actx = torch.randn(ctx.shape, generator=g).to(ctx) if actx is None else actx
-            a = audio.transpose(1, 2).flatten(2) if audio is not None else x.new_zeros(B, 1, cfg.audio_in_channels)
-            ts = t * 1000  # fp32, as the pipeline
-            v, va = model(hidden_states=x.flatten(2).transpose(1, 2), audio_hidden_states=a, encoder_hidden_states=ctx,
-                          audio_encoder_hidden_states=actx, timestep=ts, sigma=ts, num_frames=T, height=H, width=W,
-                          fps=cfg.fps, audio_num_frames=a.shape[1], isolate_modalities=audio is None,
-                          return_dict=False)
-            v = v.transpose(1, 2).reshape(x.shape)
-            if audio is None:
-                return v
-            return v, va.unflatten(2, (audio.shape[1], audio.shape[3])).transpose(1, 2)
-        zeros = x.new_zeros
-        return model(hidden_states=torch.cat([x, zeros(B, cfg.cond_channels, T, H, W)], 1), timestep=(t * 1000).to(x.dtype),
-                     encoder_hidden_states=ctx, encoder_attention_mask=torch.ones(ctx.shape[:2], device=x.device),
-                     encoder_hidden_states_2=zeros(B, 256, cfg.glyph_dim),
-                     encoder_attention_mask_2=torch.zeros(B, 256, device=x.device),
-                     image_embeds=zeros(B, 729, cfg.image_dim), return_dict=False)[0]
+        return family.call(model, cfg, case, x, t, ctx, audio, extra)
 
     return model, net
-
-
-def _nearest_resize_shim() -> None:
-    """diffusers' Cosmos transformer resizes its padding mask with torchvision; without torchvision, the same
-    nearest-neighbour resize through ``F.interpolate``."""
-    import types
-
-    import torch.nn.functional as F
-    from diffusers.models.transformers import transformer_cosmos as tc
-
-    if not hasattr(tc, "transforms"):
-        resize = lambda x, size, interpolation=None: F.interpolate(x, size=size, mode="nearest")  # noqa: E731
-        tc.transforms = types.SimpleNamespace(functional=types.SimpleNamespace(resize=resize),
-                                              InterpolationMode=types.SimpleNamespace(NEAREST="nearest"))
 
 
 def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps: int, warmup: int) -> dict:
@@ -289,7 +313,7 @@ def run_diffusers(case: Case, latent, text: int, tiny: bool, device: str, steps:
     dev = torch.device(device)
     dtype = torch.bfloat16  # on the CPU too: the smoke run takes the GPU's path
     cfg = model_config(case, tiny)
-    model, net = diffusers_net(case, cfg, dev, dtype)
+    model, net = diffusers_net(case, cfg, dev, dtype, text)
     model.train()
     if case.lora:
         from peft import LoraConfig
