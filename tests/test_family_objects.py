@@ -47,3 +47,13 @@ def test_generic_code_picks_no_family_by_name():
                 hits.append(f"{rel}:{n}: {line.strip()}")
     assert not hits, ("family picked by name outside its family object; declare what differs on its FamilySpec "
                       f"or generation adapter: {hits}")
+
+
+def test_benchmarks_recipes_and_launchers_pick_no_family_by_name():
+    """Outside the library too: a benchmark that runs several families (``bench/family_step.py``) keeps what
+    differs in a table keyed by family, not in a comparison chain."""
+    repo = ROOT.parent
+    hits = [f"{f.relative_to(repo)}:{n}: {line.strip()}"
+            for part in ("bench", "recipes", "launchers") for f in sorted((repo / part).rglob("*.py"))
+            for n, line in enumerate(f.read_text().splitlines(), 1) if BY_NAME.search(line)]
+    assert not hits, f"family picked by name; key what differs by family in a table instead: {hits}"
