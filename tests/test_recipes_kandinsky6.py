@@ -21,7 +21,8 @@ def test_recipe_builds_and_serializes(name):
 
     recipe = getattr(k6, name)()
     doc = getattr(k6, name).__doc__
-    assert "CLI" in doc and "Python" in doc and "not measured" in doc
+    assert "CLI" in doc and "Python" in doc
+    assert "docs/benchmarks.md" in doc or "not measured" in doc  # where its measured speed is, or that it is not
     model, objective = fdl.build(recipe.model), fdl.build(recipe.objective)
     assert model.hidden_size == 1792 and 3.3e9 < model.build("meta").num_params() < 3.5e9
     assert isinstance(objective, FlowMatching) and objective.time_sampling == "uniform"

@@ -22,7 +22,8 @@ def test_recipe_builds_and_serializes(name):
 
     recipe = getattr(L, name)()
     doc = getattr(L, name).__doc__
-    assert "CLI" in doc and "Python" in doc and "not measured" in doc
+    assert "CLI" in doc and "Python" in doc
+    assert "docs/benchmarks.md" in doc or "not measured" in doc  # where its measured speed is, or that it is not
     model, objective = fdl.build(recipe.model), fdl.build(recipe.objective)
     assert model.rope_type == "split" and model.num_layers == 48 and model.hidden_size == 4096
     assert isinstance(objective, AudioVideoFlowMatching) and objective.video_only == name.endswith("video")
