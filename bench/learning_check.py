@@ -34,6 +34,7 @@ Writes ``OUT/learning_check.json`` (device, date, commit, command, config, the m
 import argparse
 import dataclasses
 import datetime
+import importlib
 import json
 import statistics
 import sys
@@ -95,6 +96,11 @@ def preset(name: str) -> dict:
     raise ValueError(f"unknown preset {name!r}; choose quickstart or gpu")
 
 
+# sections that are None until a field of theirs is set: (module, config class)
+OPTIONAL = {"lora": ("nemo_vfm.models.common.lora", "LoRAConfig"),
+            "distill": ("nemo_vfm.lightning.distill_module", "DistillConfig")}
+
+
 def _set(cfg: dict, assignment: str) -> None:
     """``section.field=value`` (value parsed as JSON when it parses, else a string) on the preset's objects."""
     key, _, raw = assignment.partition("=")
@@ -109,14 +115,9 @@ def _set(cfg: dict, assignment: str) -> None:
         cfg[section] = value
         return
     obj = cfg[section]
-    if obj is None and section == "lora":  # the first lora.* field turns LoRA on
-        from nemo_vfm.models.common.lora import LoRAConfig
-
-        obj = cfg["lora"] = LoRAConfig()
-    if obj is None and section == "distill":  # the first distill.* field turns DMD2 distillation on
-        from nemo_vfm.lightning.distill_module import DistillConfig
-
-        obj = cfg["distill"] = DistillConfig()
+    if obj is None and section in OPTIONAL:  # the first lora.* / distill.* field turns LoRA / DMD2 on
+        module, name = OPTIONAL[section]
+        obj = cfg[section] = getattr(importlib.import_module(module), name)()
     if not hasattr(obj, attr):
         raise ValueError(f"--set {assignment}: {type(obj).__name__} has no field {attr!r}")
     if isinstance(getattr(obj, attr), tuple):

@@ -52,7 +52,7 @@ class TrainerConfig:
     profile_steps: tuple[int, int] | None = None  # [A, B]: torch.profiler over steps A+1..B (lightning/profiler.py)
     callbacks: list = field(default_factory=list)
     # GiB per GPU: set the memory knobs to the fastest estimate that fits (nemo_vfm.lightning.memory_budget;
-    # docs/finetuning.md "Memory budget"); "auto": the smallest visible GPU's memory (on the CPU: leave them);
+    # docs/finetuning.md "Memory budget"); "auto": each rank's own GPU's memory (on the CPU: leave them);
     # None: leave them as they are
     memory_budget_gb: float | str | None = None
     # memory knobs the budget keeps as set (e.g. ("activation_checkpointing",)); the others are chosen

@@ -139,7 +139,7 @@ def pretrain_xl() -> run.Partial:
 def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
     FSDP over every GPU, no TP (``parallel.layout_7b``), activation checkpointing chosen for the GPU's memory
-    (``trainer.memory_budget_gb="auto"``; AdamW kept): on 4 x 141 GB none (46.1% MFU, 81.8 GiB), on 80 GB
+    (``trainer.memory_budget_gb="auto"``; AdamW kept): on 4 x 141 GB none (45.4-46.7% MFU, 81.8 GiB), on 80 GB
     selective (40.7% MFU, 58.8 GiB on 4 H200s; 40.2% on 4 H100s); the paper's TP2 + SP: 29-31% (docs/benchmarks.md
     sections 7 and 8). Needs 4 or more GPUs of 80 GB (by count, not run on 2: weights, gradients, AdamW state and EMA
     take 20 bytes a parameter, sharded over the GPUs in any layout).
