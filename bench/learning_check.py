@@ -20,15 +20,18 @@ captions with :mod:`nemo_vfm.evaluation.shapes` every ``--eval-every`` steps.
     # way (drawn on the student's 4 levels without CFG); the optimizer as recipes/distill.py's with_distillation
     python bench/learning_check.py --preset gpu --out lc_teacher
     python bench/learning_check.py --preset gpu --steps 1000 --goal 0.9 --set init_from=lc_teacher/run \
-        --set distill.num_steps=4 --set distill.teacher_guidance=3 --set optim.lr=1e-4 --set optim.weight_decay=0 \
+        --set distill.num_steps=4 --set distill.teacher_guidance=3 --set optim.lr=3e-4 --set optim.weight_decay=0 \
         --set "optim.betas=[0,0.999]" --set optim.warmup_steps=20 --set cond_dropout=0 --set ema_decay=0.99 \
         --out lc_student
+    # the summary of a run folder stopped before it wrote one (e.g. killed by a time limit)
+    python bench/learning_check.py --from-run lc_student/run --goal 0.9 --device-name "NVIDIA H200" --out lc_student
     # the training losses of finished runs side by side
     python bench/learning_check.py --compare dense=RUN_A sta=RUN_B --out losses.png
 
 Writes ``OUT/learning_check.json`` (device, date, commit, command, config, the mean loss of each log interval
 (``trainer.log_every_n_steps``), the metric per evaluation, wall time, the step time from ``perf.jsonl`` through
-``bench.harness.read_perf``) and ``OUT/learning_check.png`` (loss curve and pass rate over steps).
+``bench.harness.read_perf``) and ``OUT/learning_check.png`` (loss curve and pass rate over steps), also when the run
+stops early (a signal, an error: ``"completed": false``, ``steps`` as far as it got).
 """
 
 import argparse
@@ -196,7 +199,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: learning_check/<preset>)")
     p.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD; pass it where the "
                    "checkout has no git history, e.g. a copied tree)")
+    p.add_argument("--from-run", metavar="RUN_DIR", help="only write the summary of an existing run folder (one "
+                   "stopped before it wrote its own), to --out (default: the folder above RUN_DIR)")
+    p.add_argument("--device-name", default="not recorded", help="with --from-run: the device it ran on")
     args = p.parse_args(argv)
+    if args.from_run:
+        run_dir = Path(args.from_run)
+        result = summarize_run(run_dir, Path(args.out or run_dir.parent), preset=args.preset, goal=args.goal,
+                               device=args.device_name, commit=args.commit)
+        return 0 if result["reached"] else 1
     if args.compare:
         runs = dict(item.split("=", 1) for item in args.compare)
         print(f"wrote {compare_losses(runs, Path(args.out or 'learning_check/losses.png'))}")
@@ -204,7 +215,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    from nemo_vfm.lightning.callbacks import read_metrics
     from nemo_vfm.train import ExperimentConfig, train
 
     cfg = preset(args.preset)
@@ -221,35 +231,70 @@ def main(argv=None) -> int:
     out = Path(args.out or f"learning_check/{args.preset}")
     cfg["log"] = ExperimentConfig(name="run", root=str(out), resume=False)
 
-    t0 = time.time()
-    summary = train(**cfg)
-    wall = time.time() - t0
-    rows = read_metrics(Path(summary["exp_dir"]) / "metrics.jsonl")
-    loss = loss_means([r for r in rows if "loss" in r], cfg["trainer"].log_every_n_steps)
+    device = (torch.cuda.get_device_name() if torch.cuda.is_available() and cfg["trainer"].accelerator == "gpu"
+              else "cpu")
+    commit, t0 = args.commit or git_commit(short=False), time.time()
+    try:
+        train(**cfg)
+    finally:  # a run stopped early (a time limit's SIGTERM, an error) keeps what it measured, marked as stopped
+        if (out / "run" / "metrics.jsonl").exists():
+            result = write_summary(out, out / "run", preset=args.preset, goal=args.goal, steps_planned=steps,
+                                   device=device, config={k: repr(v) for k, v in cfg.items()},
+                                   log_every=cfg["trainer"].log_every_n_steps, commit=commit, wall=time.time() - t0)
+    return 0 if result["reached"] else 1
+
+
+def write_summary(out: Path, run_dir: Path, *, preset: str, goal: float, steps_planned: int, device: str,
+                  config: dict, log_every: int, commit: str, wall: float | None, date: str | None = None,
+                  torch_version: str | None = None) -> dict:
+    """``out/learning_check.json`` and ``.png`` from ``run_dir`` (its ``metrics.jsonl`` and ``perf.jsonl``);
+    ``completed`` says whether the run reached ``steps_planned``, ``steps`` how far it got; prints a summary."""
+    import torch
+
+    from nemo_vfm.lightning.callbacks import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    loss = loss_means([r for r in rows if "loss" in r], log_every)
     evals = [{k: v for k, v in r.items() if k == "step" or k.startswith("samples/")} for r in rows
              if "samples/pass_rate" in r]
-    perf_file = Path(summary["exp_dir"]) / "perf.jsonl"  # written every log_every_n_steps
+    perf_file = run_dir / "perf.jsonl"  # written every log_every_n_steps
     step_s = read_perf(perf_file, skip=1)["step_s"] if perf_file.exists() else None
     final = evals[-1]["samples/pass_rate"] if evals else None
+    last = max((r["step"] for r in rows), default=0)
     result = {
-        "preset": args.preset, "goal": args.goal, "reached": final is not None and final >= args.goal,
-        "final_pass_rate": final, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
-        and cfg["trainer"].accelerator == "gpu" else "cpu", "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": args.commit or git_commit(short=False),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "wall_s": round(wall, 1),
-        "step_time_s_median": step_s,
-        "steps": steps, "config": {k: repr(v) for k, v in cfg.items()}, "loss_every": cfg["trainer"].log_every_n_steps,
-        "loss": loss, "evals": evals,
+        "preset": preset, "goal": goal, "reached": final is not None and final >= goal, "final_pass_rate": final,
+        "device": device, "torch": torch_version or torch.__version__,
+        "date": date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "wall_s": None if wall is None else round(wall, 1), "step_time_s_median": step_s,
+        "steps": last, "steps_planned": steps_planned, "completed": last >= steps_planned,
+        "config": config, "loss_every": log_every, "loss": loss, "evals": evals,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_check.json").write_text(json.dumps(result, indent=1) + "\n")
     if evals:
         plot(result, out / "learning_check.png")
-    print(f"{args.preset}: {steps} steps in {wall:.0f} s; pass rate over steps: "
-          + ", ".join(f"{e['step']}: {e['samples/pass_rate']:.0%}" for e in evals)
-          + f"\nwrote {out / 'learning_check.json'} and .png; goal {args.goal:.0%}: "
+    stopped = "" if result["completed"] else f" (stopped: {steps_planned} planned)"
+    print(f"{preset}: {last} steps{stopped}" + ("" if wall is None else f" in {wall:.0f} s")
+          + "; pass rate over steps: " + ", ".join(f"{e['step']}: {e['samples/pass_rate']:.0%}" for e in evals)
+          + f"\nwrote {out / 'learning_check.json'} and .png; goal {goal:.0%}: "
           + ("reached" if result["reached"] else "NOT reached"))
-    return 0 if result["reached"] else 1
+    return result
+
+
+def summarize_run(run_dir: Path, out: Path, *, preset: str, goal: float, device: str, commit: str | None) -> dict:
+    """:func:`write_summary` for a run folder that has no summary (a run stopped before it wrote one, e.g. by a
+    time limit's SIGKILL): the preset, planned steps and config from its ``config.yaml``, the date from its
+    ``metrics.jsonl``."""
+    import yaml
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    trainer = config["trainer"]
+    date = datetime.datetime.fromtimestamp((run_dir / "metrics.jsonl").stat().st_mtime, datetime.timezone.utc)
+    return write_summary(out, run_dir, preset=preset, goal=goal, steps_planned=trainer["max_steps"],
+                         device=device, config={k: repr(v) for k, v in config.items()},
+                         log_every=trainer["log_every_n_steps"], commit=commit or "not recorded", wall=None,
+                         date=date.isoformat(timespec="seconds"), torch_version="not recorded")
 
 
 if __name__ == "__main__":

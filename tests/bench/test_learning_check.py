@@ -139,3 +139,42 @@ def test_set_turns_distillation_on_and_betas_become_floats():
 
     with pytest.raises(ValueError, match="two numbers"):
         OptimConfig(betas=(0.9,))
+
+
+def test_a_stopped_run_keeps_its_summary_and_a_folder_can_be_summarised(tmp_path, monkeypatch):
+    """A run stopped before its last step (a time limit) still writes learning_check.json, marked not completed;
+    ``--from-run`` writes the summary of a run folder that has none (a run killed outright)."""
+    import lightning.pytorch as pl
+    import pytest
+
+    import nemo_vfm.train as train_module
+
+    class StopAfterTwo(pl.Callback):  # what a SIGTERM does under Lightning: the run ends in an exception
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step >= 2:
+                raise SystemExit(1)
+
+    real_train = train_module.train
+
+    def train_then_stop(**cfg):
+        cfg["trainer"].callbacks = [StopAfterTwo()]
+        return real_train(**cfg)
+
+    monkeypatch.setattr(train_module, "train", train_then_stop)
+    tiny = ["--preset", "quickstart", "--steps", "3", "--eval-every", "1", "--device", "cpu", "--set",
+            "data.num_clips=8", "--set", "data.batch_size=4", "--set", "sampling.num_samples=2", "--set",
+            "sampling.num_steps=2", "--set", "model.num_layers=1", "--set", "trainer.log_every_n_steps=1"]
+    with pytest.raises(SystemExit):
+        lc.main([*tiny, "--out", str(tmp_path / "stopped")])
+    d = json.loads((tmp_path / "stopped" / "learning_check.json").read_text())
+    assert d["completed"] is False and d["steps"] == 2 and d["steps_planned"] == 3 and d["device"] == "cpu"
+    assert [e["step"] for e in d["evals"]][:1] == [1]
+
+    (tmp_path / "stopped" / "learning_check.json").unlink()
+    rc = lc.main(["--from-run", str(tmp_path / "stopped" / "run"), "--preset", "quickstart", "--goal", "0",
+                  "--device-name", "NVIDIA H200", "--commit", "abc1234"])
+    s = json.loads((tmp_path / "stopped" / "learning_check.json").read_text())
+    assert rc == 0 and s["reached"] is True and s["device"] == "NVIDIA H200" and s["commit"] == "abc1234"
+    assert s["torch"] == "not recorded" and s["steps"] == 2 and s["steps_planned"] == 3 and s["completed"] is False
+    assert s["evals"] == d["evals"] and s["loss"] == d["loss"] and s["loss_every"] == 1
+    assert (tmp_path / "stopped" / "learning_check.png").stat().st_size > 0
