@@ -34,6 +34,7 @@ block and outside the blocks:
   two): an un-checkpointed block keeps ``tokens x (ACT_PER_HIDDEN x hidden + FFN intermediates x ffn)`` bf16
   values per stream (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100,
   docs/finetuning.md, for Wan's two attentions; ``ACT_PER_ATTENTION`` more per further attention, not fitted);
+  times the stream's ``activation_scale`` (Kandinsky 6 declares 1.13, a lower bound from an out-of-memory run);
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
   block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
@@ -145,7 +146,8 @@ def _kept_activations(w: Workload, settings: MemorySettings) -> tuple[list[float
     """Bytes each block keeps for backward under ``settings`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
     un-checkpointed block's (what a checkpointed block recomputes)."""
-    full = sum(s.tokens * (_act_per_hidden(s) * s.hidden_size + s.ffn_tensors * s.ffn_size) for s in w.streams) * 2
+    full = sum(s.tokens * (_act_per_hidden(s) * s.hidden_size + s.ffn_tensors * s.ffn_size) * s.activation_scale
+               for s in w.streams) * 2
     inp = sum(s.tokens * s.hidden_size for s in w.streams) * 2
     checkpointed = _checkpointed(w, settings)
     moved = [inp if c else full for c in checkpointed]

@@ -134,6 +134,18 @@ def test_lora_kandinsky6_3b_plans_fit_each_budget():
     assert 3.3e9 < sum(p.total for p in w.blocks) + w.outside.total < 3.5e9
 
 
+def test_kandinsky6_without_checkpointing_is_not_chosen_where_it_ran_out_of_memory():
+    """No checkpointing ran out of memory on a 139.8 GiB H200 with 137.3 GiB allocated (2026-11-28): its estimate is
+    above that, so the H200's budget takes save_attention (measured there at 24.1 GiB) instead."""
+    from nemo_vfm.lightning.memory_budget import MemorySettings, estimate_gib
+
+    parts = _parts(kandinsky6.lora_kandinsky6_3b())
+    w = workload(parts["model"], _data(K6_LATENT), parts["lora"], compile=True, autocast=True)
+    assert estimate_gib(w, MemorySettings(activation_checkpointing="none", frozen_dtype="bf16")) > 137.3 + 0.6
+    choice, _ = plan_memory_budget(139.8, data=_data(K6_LATENT), cuda=True, torchao=False, host_limit_gib=None, **parts)
+    assert choice.settings.activation_checkpointing == "save_attention"
+
+
 def test_streams_a_family_does_not_run_are_refused():
     """An audio objective on Kandinsky 6 (its training path runs video only) or on a one-stream family, and
     reference tokens on Wan: refused, not estimated as video."""

@@ -29,7 +29,8 @@ class TokenStream:
     ``attentions``: attention layers of a block in which this stream's tokens take part, as queries or as keys and
     values (a Wan block: 2, self- and text attention; an LTX-2 block's video stream: 4, self, text, audio-to-video
     queries, video-to-audio keys). ``split``: context parallelism splits this stream's tokens (False: every CP rank
-    holds all of them)."""
+    holds all of them). ``activation_scale``: what an un-checkpointed block keeps of this stream, relative to the
+    Wan-fitted count (1.0), for a family measured to keep more (Kandinsky 6: a lower bound from an out-of-memory run)."""
 
     name: str
     tokens: int  # per sample (per GPU and step in a Workload)
@@ -38,8 +39,11 @@ class TokenStream:
     ffn_tensors: int = 2  # FFN intermediates a block keeps per token (GELU: 2, SwiGLU: 3)
     attentions: int = 2
     split: bool = True
+    activation_scale: float = 1.0
 
     def __post_init__(self):
+        if not self.activation_scale > 0:
+            raise ValueError(f"TokenStream {self.name!r}: activation_scale must be > 0, got {self.activation_scale}")
         if self.tokens < 0 or min(self.hidden_size, self.ffn_size, self.attentions) < 1:
             raise ValueError(f"TokenStream {self.name!r}: tokens must be >= 0 and hidden_size, ffn_size, attentions "
                              f">= 1, got {self.tokens}, {self.hidden_size}, {self.ffn_size}, {self.attentions}")
