@@ -233,7 +233,7 @@ def main(argv=None) -> int:
 
     device = (torch.cuda.get_device_name() if torch.cuda.is_available() and cfg["trainer"].accelerator == "gpu"
               else "cpu")
-    commit, t0 = args.commit or git_commit(short=False), time.time()
+    commit, t0, result = args.commit or git_commit(short=False), time.time(), None
     try:
         train(**cfg)
     finally:  # a run stopped early (a time limit's SIGTERM, an error) keeps what it measured, marked as stopped
@@ -241,6 +241,8 @@ def main(argv=None) -> int:
             result = write_summary(out, out / "run", preset=args.preset, goal=args.goal, steps_planned=steps,
                                    device=device, config={k: repr(v) for k, v in cfg.items()},
                                    log_every=cfg["trainer"].log_every_n_steps, commit=commit, wall=time.time() - t0)
+    if result is None:
+        raise SystemExit(f"learning_check: the run wrote no {out / 'run' / 'metrics.jsonl'}: nothing to summarise")
     return 0 if result["reached"] else 1
 
 

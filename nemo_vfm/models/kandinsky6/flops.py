@@ -75,8 +75,8 @@ def memory_streams(cfg, clip, flops=kandinsky6_forward_flops):
     """The Kandinsky 6 fused block's streams for the memory model (:mod:`nemo_vfm.models.common.memory`): the video
     tokens through the self- and text attention and the GELU FFN (``cfg.ffn_size``). The training path runs the video
     stream only: the audio stream's weights are held (the network is built whole) but it runs no tokens, so an
-    objective that trains the audio stream is refused here (none is built for Kandinsky 6). ``activation_scale``
-    ``KEPT_OVER_WAN_FIT``: without checkpointing, ``lora_kandinsky6_3b`` at 512 x 768 x 121 (47,616 tokens) ran out of
+    objective that trains the audio stream is refused here (none is built for Kandinsky 6). Its ``activation_scale``
+    (``KEPT_OVER_WAN_FIT``): without checkpointing, ``lora_kandinsky6_3b`` at 512 x 768 x 121 (47,616 tokens) ran out of
     memory on a 139.8 GiB H200 with 137.3 GiB allocated (2026-11-28), where the Wan-fitted count estimated 123.8 GiB
     in all: its blocks keep at least 1.13x that count (a lower bound; their true peak was not reached)."""
     from nemo_vfm.models.common.memory import TokenStream
