@@ -173,12 +173,11 @@ def _hunyuan_call(model, cfg, case, x, t, ctx, audio, extra):
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """How the bench runs a family: ``config`` (our config class in ``nemo_vfm.models.<family>.model``),
-    ``transformer`` (diffusers' class) and its ``call``; ``tiny`` overrides our tiny network where diffusers fixes
-    a size; ``extra_inputs(cfg, ctx_shape, generator)`` draws the inputs its pipeline adds once; ``ours(cfg)`` adds
-    overrides to our command; ``setup()`` runs before diffusers builds the network."""
+    """How the bench runs a family (our config class is its ``FamilySpec``'s): ``transformer`` (diffusers' class) and
+    its ``call``; ``tiny`` overrides our tiny network where diffusers fixes a size; ``extra_inputs(cfg, ctx_shape,
+    generator)`` draws the inputs its pipeline adds once; ``ours(cfg)`` adds overrides to our command; ``setup()``
+    runs before diffusers builds the network."""
 
-    config: str
     transformer: str
     call: Callable
     tiny: dict = dataclasses.field(default_factory=dict)
@@ -208,17 +207,17 @@ def _randn(shape, g):
 
 
 FAMILIES = {
-    "wan": Family("WanConfig", "WanTransformer3DModel", _wan_call),
-    "cosmos": Family("CosmosConfig", "CosmosTransformer3DModel", _cosmos_call, setup=_nearest_resize_shim),
+    "wan": Family("WanTransformer3DModel", _wan_call),
+    "cosmos": Family("CosmosTransformer3DModel", _cosmos_call, setup=_nearest_resize_shim),
     # the CLIP pooled text, as ours' mock data give ours
-    "kandinsky6": Family("Kandinsky6Config", "Kandinsky6Transformer3DModel", _kandinsky6_call,
+    "kandinsky6": Family("Kandinsky6Transformer3DModel", _kandinsky6_call,
                          extra_inputs=lambda cfg, ctx_shape, g: {"pooled": _randn((1, cfg.pooled_dim), g)}),
     # the audio connector's output (ours' mock audio_context); the mock data cannot read LTX-2's text width
     # (caption_channels) from the model
-    "ltx2": Family("LTX2Config", "LTX2VideoTransformer3DModel", _ltx2_call,
+    "ltx2": Family("LTX2VideoTransformer3DModel", _ltx2_call,
                    extra_inputs=lambda cfg, ctx_shape, g: {"audio_context": _randn(ctx_shape, g)},
                    ours=lambda cfg: [f"data.context_dim={text_dim(cfg)}"]),
-    "hunyuan": Family("HunyuanVideoConfig", "HunyuanVideo15Transformer3DModel", _hunyuan_call,
+    "hunyuan": Family("HunyuanVideo15Transformer3DModel", _hunyuan_call,
                       tiny={"glyph_hidden": 2048}),  # diffusers fixes HunyuanVideo's ByT5 width at 2048
 }
 
@@ -238,7 +237,7 @@ def tiny_overrides(case: Case) -> dict:
 
 
 def model_config(case: Case, tiny: bool):
-    cls = getattr(_module(case.family, "model"), FAMILIES[case.family].config)
+    cls = _module(case.family, "family").SPEC.config
     flavor = _module(case.family, "flavors").FLAVORS[case.flavor]
     return cls(**{**flavor, **(tiny_overrides(case) if tiny else {})})
 

@@ -46,7 +46,6 @@ def _on_mock(recipe, folder):
     recipe.model.pretrained = str(folder)
     recipe.data = fdl.Config(MockLatentDataModule, latent_channels=4, num_frames=3, height=4, width=4,
                              context_dim=16, context_length=4, pooled_dim=8, batch_size=2, num_samples=8)
-    recipe.trainer.strategy.activation_checkpointing = "none"
     return recipe
 
 
