@@ -21,7 +21,9 @@ Checkpoints: DCP.
 
 Speed knobs: ``compile`` (default ``"auto"``: the blocks are compiled on CUDA, the CPU path stays eager),
 ``fuse_qkv`` (one GEMM for q, k, v where the linears are plain), ``attention_backend`` (``auto``: cuDNN
-attention first on CUDA). In a single process there is nothing to shard, so FSDP is skipped.
+attention first on CUDA), ``comm_buffers`` / ``nccl_cta_policy`` (NCCL symmetric memory and CTA policy for the
+data-parallel collectives: ``nemo_vfm.parallel.comm_buffers``). In a single process there is nothing to shard, so FSDP
+is skipped.
 
 ``expert_model_parallel_size`` (EP) splits the MoE experts over that many (FSDP) ranks (``parallel.expert_parallel``).
 
@@ -169,6 +171,15 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
 
         import torch.distributed as dist
 
+        comm = {k: getattr(self.config, k) for k in ("comm_buffers", "nccl_cta_policy")}
+        if any(v != "default" for v in comm.values()) and self._get_process_group_backend() != "nccl":
+            raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in comm.items() if v != 'default')} configure NCCL; "
+                             f"this run's process group is {self._get_process_group_backend()!r} (train on CUDA "
+                             "devices, or leave them at 'default').")
+        if self.config.nccl_cta_policy != "default":
+            from nemo_vfm.parallel.comm_buffers import set_cta_policy
+
+            set_cta_policy(self.config.nccl_cta_policy)  # before NCCL creates any communicator
         if not dist.is_initialized() and self.num_nodes * self.num_processes == 1 and "WORLD_SIZE" not in os.environ:
             backend = self._get_process_group_backend()
             device = {"device_id": self.root_device} if self.root_device.type != "cpu" else {}
@@ -211,6 +222,12 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
                 self._parallelize(ema, source=net)
             for other in getattr(module, "extra_networks", dict)().values():  # DMD2's teacher and critic
                 self._parallelize(other)
+        if self.config.comm_buffers == "symmetric":
+            from nemo_vfm.parallel.comm_buffers import use_symmetric_fsdp_buffers
+
+            for net in (module.model, getattr(module, "ema", None), *getattr(module, "extra_networks", dict)().values()):
+                if net is not None:  # FSDP2 units (pipeline stages too) stage their collectives in symmetric memory
+                    use_symmetric_fsdp_buffers(net)
         super().setup(trainer)
         if self.pipeline_parallel:  # after Lightning has moved the stages to the device
             from nemo_vfm.parallel.pipeline import PipelineRunner
@@ -235,7 +252,8 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
             from nemo_vfm.parallel.grad_reduce import GradReducer
 
             self.grad_reducer = GradReducer(list(net.parameters()), self.parallel_mesh.group("dp_cp"),
-                                            self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype])
+                                            self.config.grad_reduce_bucket_mb, DTYPES[self.config.reduce_dtype],
+                                            symmetric=self.config.comm_buffers == "symmetric")
 
     def streams_weights(self, model_config) -> bool:
         """Whether the network of ``model_config`` is built on the meta device and its pretrained weights streamed

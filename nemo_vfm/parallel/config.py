@@ -18,7 +18,10 @@ _LAYOUT = {"tensor_model_parallel_size": "tp", "sequence_parallel": "sequence_pa
            "microbatches": "pp_microbatches", "data_parallel_replicate_size": "dp_replicate", "fsdp": "fsdp",
            "expert_model_parallel_size": "ep"}
 # read by the strategy itself, neither layout nor family knobs
-_STRATEGY_ONLY = ("overlap_grad_reduce", "grad_reduce_bucket_mb", "activation_offload", "block_swap")
+_STRATEGY_ONLY = ("overlap_grad_reduce", "grad_reduce_bucket_mb", "comm_buffers", "nccl_cta_policy", "activation_offload",
+                  "block_swap")
+COMM_BUFFERS = ("default", "symmetric")
+NCCL_CTA_POLICIES = {"default": "0", "efficiency": "1", "zero": "2"}  # -> NCCL_CTA_POLICY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +56,14 @@ class ParallelConfig:
     """Plain data parallel: all-reduce gradients in buckets during backward (``nemo_vfm.parallel.grad_reduce``)."""
     grad_reduce_bucket_mb: float = 100.0
     """Plain data parallel with ``overlap_grad_reduce``: the size of one gradient bucket (MiB of gradients)."""
+    comm_buffers: str = "default"
+    """Where the data-parallel collectives' tensors live: ``default`` (PyTorch's caching allocator) or ``symmetric``
+    (NCCL symmetric memory, registered once with every rank: FSDP2's all-gather / reduce-scatter buffers and plain
+    data parallel's gradient buckets; NCCL then runs its symmetric-memory kernels). NCCL (CUDA) only."""
+    nccl_cta_policy: str = "default"
+    """How many SMs NCCL's collectives take beside the compute (``NCCL_CTA_POLICY``, set before the process group
+    starts): ``default``, ``efficiency`` (the fewest CTAs that keep the bandwidth) or ``zero`` (none where it can:
+    FSDP2's all-gathers by copy engine; needs ``comm_buffers="symmetric"``). NCCL (CUDA) only."""
     data_parallel_replicate_size: int = 1
     """With FSDP: replicas of the sharded group (HSDP)."""
     expert_model_parallel_size: int = 1
@@ -104,6 +115,7 @@ class ParallelConfig:
                              "with FSDP2; set fsdp=True (or expert_model_parallel_size=1).")
         if not isinstance(self.grad_reduce_bucket_mb, (int, float)) or self.grad_reduce_bucket_mb <= 0:
             raise ValueError(f"grad_reduce_bucket_mb must be a number > 0 (MiB), got {self.grad_reduce_bucket_mb!r}.")
+        self._check_comm()
         self._check_offload()
         self._check_attention_backend()
         self._check_chunks()
@@ -143,6 +155,15 @@ class ParallelConfig:
             raise ValueError(f"factorized_context_parallel_chunks={n} pipelines the all-to-alls of hybrid context "
                              f"parallelism: it needs context_parallel_size > 1 and factorized_context_parallel='hybrid' "
                              f"(got {self.context_parallel_size} and {self.factorized_context_parallel!r}); set it to 1.")
+
+    def _check_comm(self) -> None:
+        if self.comm_buffers not in COMM_BUFFERS:
+            raise ValueError(f"comm_buffers must be one of {COMM_BUFFERS}, got {self.comm_buffers!r}.")
+        if self.nccl_cta_policy not in NCCL_CTA_POLICIES:
+            raise ValueError(f"nccl_cta_policy must be one of {tuple(NCCL_CTA_POLICIES)}, got {self.nccl_cta_policy!r}.")
+        if self.nccl_cta_policy == "zero" and self.comm_buffers != "symmetric":
+            raise ValueError("nccl_cta_policy='zero' moves FSDP2's all-gathers by copy engine, which NCCL does only "
+                             "over symmetric buffers; set comm_buffers='symmetric' (or nccl_cta_policy='efficiency').")
 
     def _check_offload(self) -> None:
         if not isinstance(self.activation_offload, bool) or not isinstance(self.cpu_offload, bool):
