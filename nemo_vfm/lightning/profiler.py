@@ -33,6 +33,25 @@ def is_comm(name: str) -> bool:
     return "nccl" in name.lower()
 
 
+def kernel_label(name: str, width: int = 160) -> str:
+    """A kernel's name for a summary row: C++ namespaces dropped (``at::native::``, ``(anonymous namespace)::``),
+    then cut to ``width``, so that kernels of one template (torch's multi-tensor kernels: fused AdamW, ``lerp``,
+    casts) keep their own rows."""
+    for noise in ("(anonymous namespace)::", "at::native::", "at::cuda::", "c10::"):
+        name = name.replace(noise, "")
+    return name[:width]
+
+
+def top_kernels(kernels: list[tuple[str, float, float]], steps: int = 1, n: int = 25) -> list[dict]:
+    """The ``n`` kernels (by :func:`kernel_label`) that ran longest: ``name``, ``ms`` and ``calls`` per step."""
+    per: dict[str, list[float]] = {}
+    for name, start, end in kernels:
+        row = per.setdefault(kernel_label(name), [0.0, 0])
+        row[0], row[1] = row[0] + (end - start) / 1e3 / steps, row[1] + 1
+    return [{"name": k, "ms": round(t, 3), "calls": c // steps}
+            for k, (t, c) in sorted(per.items(), key=lambda kv: -kv[1][0])[:n]]
+
+
 def trace_events(path: str | Path) -> list[dict]:
     """The events of a chrome trace (``.json`` or ``.json.gz``)."""
     path = Path(path)
@@ -91,7 +110,7 @@ def overlap_summary(kernels: list[tuple[str, float, float]], steps: int = 1) -> 
     per: dict[str, list[float]] = {}
     for n, s, e in kernels:
         if is_comm(n):
-            row = per.setdefault(n[:100], [0.0, 0.0, 0])
+            row = per.setdefault(kernel_label(n), [0.0, 0.0, 0])
             row[0] += e - s
             row[1] += (e - s) - _covered(s, e, compute, starts)
             row[2] += 1
@@ -205,12 +224,7 @@ class StepProfiler(L.Callback):
         if kernels:
             summary["gpu"] = overlap_summary(kernels, steps)
             summary["host_syncs"] = host_syncs(events, steps)
-            per: dict[str, list[float]] = {}
-            for n, s, e in kernels:
-                row = per.setdefault(n[:100], [0.0, 0])
-                row[0], row[1] = row[0] + (e - s) / 1e3 / steps, row[1] + 1
-            summary["top_kernels"] = [{"name": n, "ms": round(t, 3), "calls": c // steps}
-                                      for n, (t, c) in sorted(per.items(), key=lambda kv: -kv[1][0])[:25]]
+            summary["top_kernels"] = top_kernels(kernels, steps)
         (self.out_dir / f"rank{rank}.json").write_text(json.dumps(summary, indent=1))
         self.summary = summary
         if rank == 0:

@@ -105,3 +105,21 @@ def test_a_resumed_run_past_the_window_says_nothing_is_profiled(tmp_path):
         cb.on_train_start(SimpleNamespace(global_step=10), None)
     cb.on_train_batch_start(SimpleNamespace(global_step=10), None, None, 0)
     assert cb.prof is None and not list(tmp_path.iterdir())
+
+
+def test_kernels_of_one_template_keep_their_own_rows():
+    """torch's multi-tensor kernels share 100 characters of name (fused AdamW, the EMA's lerp, casts); the label
+    drops the C++ namespaces first, so each keeps a row of its own in a summary."""
+    from nemo_vfm.lightning.profiler import kernel_label
+
+    head = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+    adam = head + "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float"
+    lerp = head + "TensorListMetadata<2>, at::native::(anonymous namespace)::TernaryOpScalarFunctor<float, 2, 2, 0>"
+    assert adam[:100] == lerp[:100]
+    assert "FusedAdamMathFunctor" in kernel_label(adam) and "TernaryOpScalarFunctor" in kernel_label(lerp)
+    assert kernel_label(GEMM) == GEMM and len(kernel_label("x" * 500)) == 160
+    from nemo_vfm.lightning.profiler import top_kernels
+
+    rows = top_kernels([(adam, 0, 10_000), (lerp, 10_000, 13_000), (adam, 20_000, 30_000)], steps=2)
+    assert [(r["ms"], r["calls"]) for r in rows] == [(10.0, 1), (1.5, 0)]
+    assert rows[0]["name"] == kernel_label(adam) and rows[1]["name"] == kernel_label(lerp)
