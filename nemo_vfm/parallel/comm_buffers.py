@@ -2,8 +2,8 @@
 (``ParallelConfig.comm_buffers`` / ``nccl_cta_policy``).
 
 NCCL runs a collective as kernels on the SMs, beside the compute it overlaps: on 4 x H200 DiT-XL's weight-gradient
-GEMMs ran up to 1.9x slower while the gradient all-reduce ran beside them (docs/benchmarks.md section 8). NCCL
-(2.27+) has two ways to take fewer SMs:
+GEMMs ran up to 1.9x slower while the gradient all-reduce ran beside them (docs/benchmarks.md section 8). NCCL 2.27
+and later have two ways to take fewer SMs:
 
 - symmetric-memory kernels, over buffers that every rank of a group allocated from NCCL's pool and registered
   together (:func:`symmetric_empty`; FSDP2 stages its all-gathers and reduce-scatters in such buffers after
@@ -102,8 +102,9 @@ _READY: set[str] = set()  # groups whose NCCL communicator exists (a registratio
 
 
 def _register(tensor: torch.Tensor, group) -> None:
-    """Register ``tensor`` (from :func:`_pool_empty`) with every rank of ``group``: a collective; NCCL keeps a
-    registration, so a pooled buffer used again costs a lookup."""
+    """Register ``tensor`` (from :func:`_pool_empty`) with every rank of ``group``: a collective, made before each
+    collective on a pooled buffer as torch 2.13's own FSDP2 symmetric-memory path does (torch keeps an allocation's
+    registration and looks it up when the pool hands the buffer out again)."""
     import torch.distributed._symmetric_memory as symm_mem
 
     _check_nccl(group)
