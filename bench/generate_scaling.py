@@ -32,7 +32,7 @@ from pathlib import Path
 if not __package__:  # run as `python bench/NAME.py`: import bench as a package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.harness import NO_MULTICAST, child_env, rank_tail, run_logged, write_json  # noqa: E402
+from bench.harness import child_env, comm_env, rank_tail, run_logged, write_json  # noqa: E402
 
 STAGES = re.compile(r"text encode ([\d.]+)s, denoise ([\d.]+)s, decode ([\d.]+)s")
 HEADER = re.compile(r"\((\d+)x(\d+)x(\d+)x(\d+) latents\) on (\d+) process\(es\): (.*?), (\S+) x (\d+) steps")
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     env = environment("cpu", a.commit)  # the GPU's name after the runs: no CUDA context of ours beside them
     env["device"] = "cpu" if a.device == "cpu" else "cuda (name read after the runs)"
     result = {**env, "command": command, "ckpt": a.ckpt, "steps": a.steps,
-              "prompts": a.prompts, "gen_args": a.gen_args, "child_env": NO_MULTICAST,
+              "prompts": a.prompts, "gen_args": a.gen_args, "child_env": comm_env(),
               "baseline": given and {k: given[k] for k in ("from", "command", "denoise_s", "batch_s")}}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="vfm-gen-scaling-") as tmp:

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from nemo_vfm.models.flops import mfu, peak_tflops
 
-__all__ = ["NO_MULTICAST", "ROOT", "STEP_TIME", "RecipeCase", "bookkeeping", "child_env", "device_peak", "environment",
+__all__ = ["NO_MULTICAST", "ROOT", "STEP_TIME", "RecipeCase", "bookkeeping", "child_env", "comm_env", "device_peak",
+           "environment",
            "git_commit", "launcher_cmd", "live_members", "load_recipe", "mfu", "outcome", "peak_tflops", "perf_rows",
            "pyplot", "rank_tail", "read_perf", "run_logged", "run_recipe", "save_figure", "set_override", "step_time",
            "torchrun_cmd", "wait_group_gone", "write_json"]
@@ -176,6 +177,14 @@ def run_recipe(case: RecipeCase, steps: int, every: int, skip: int, device: str 
         res.update(read_perf(perf, skip))
         res.pop("last_logged_step")
     return res
+
+
+def comm_env() -> dict[str, str]:
+    """The communication settings a multi-process run sees, for its JSON: the ``NCCL_*``, ``TORCH_NCCL_*``,
+    ``NVSHMEM_*`` and ``TORCH_SYMM_MEM_*`` variables of this process's environment, :data:`NO_MULTICAST` on top (as
+    :func:`child_env` sets it)."""
+    prefixes = ("NCCL_", "TORCH_NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_")
+    return {**{k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}, **NO_MULTICAST}
 
 
 def child_env(nprocs: int, device: str, cache_dir: Path | None = None) -> dict[str, str]:

@@ -45,10 +45,10 @@ if not __package__:  # run as `python bench/NAME.py`: import bench as a package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.harness import (  # noqa: E402
-    NO_MULTICAST,
     ROOT,
     RecipeCase,
     child_env,
+    comm_env,
     environment,
     launcher_cmd,
     outcome,
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     result = {**env, "command": command,
               "factory": a.factory, "scaling": "strong" if a.global_batch else "weak",
               "global_batch": a.global_batch, "steps": a.steps, "every": a.every, "skip": a.skip,
-              "child_env": NO_MULTICAST, "baseline_nprocs": None}
+              "child_env": comm_env(), "baseline_nprocs": None}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="vfm-scaling-") as tmp:
         run_root = Path(a.keep or tmp).resolve()

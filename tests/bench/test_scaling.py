@@ -19,13 +19,15 @@ TINY = ["model.num_layers=2", "model.hidden_size=64", "data.num_clips=16", "data
 
 def test_quickstart_at_1_and_2_gloo_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("NCCL_CTA_POLICY", "1")  # a setting the runs see: the JSON records it
     out = tmp_path / "s.json"
     argv = ["--factory", "quickstart", "--device", "cpu", "--nprocs", "1,2", "--steps", "4", "--every", "2",
             "--skip", "1", "--commit", "abc", "--out", str(out)]
     assert scaling.main(argv + [x for o in TINY for x in ("--set", o)]) == 0
     d = json.loads(out.read_text())
     assert d["device"] == "cpu" and d["commit"] == "abc" and d["date"] and d["scaling"] == "weak"
-    assert d["child_env"]["NCCL_NVLS_ENABLE"] == "0" and d["baseline_nprocs"] == 1
+    assert d["child_env"]["NCCL_NVLS_ENABLE"] == "0" and d["child_env"]["NCCL_CTA_POLICY"] == "1"
+    assert d["baseline_nprocs"] == 1
     r1, r2 = d["results"]
     assert (r1["nprocs"], r2["nprocs"]) == (1, 2)
     for r in (r1, r2):
