@@ -3,9 +3,12 @@ refused off NCCL before a model or process group exists, the CTA policy reaches 
 NCCL path itself (symmetric buckets and FSDP2 buffers give the default path's gradients) runs on GPUs:
 ``tests/parallel/test_comm_buffers_gpu.py``."""
 
+import os
+
 import pytest
 import torch
 from gloo_launcher import run_distributed
+from test_strategy import fit_error_and_builds
 
 from nemo_vfm.lightning.strategy import VFMParallelStrategy
 from nemo_vfm.parallel.comm_buffers import set_cta_policy, use_symmetric_fsdp_buffers
@@ -22,8 +25,6 @@ def test_bad_values_fail_when_the_strategy_is_built(kw, says):
 def test_cta_policy_sets_nccls_variable_and_refuses_a_different_one(monkeypatch):
     monkeypatch.delenv("NCCL_CTA_POLICY", raising=False)
     set_cta_policy("efficiency")
-    import os
-
     assert os.environ["NCCL_CTA_POLICY"] == "1"
     set_cta_policy("efficiency")  # the same value again is fine
     monkeypatch.setenv("NCCL_CTA_POLICY", "2")
@@ -33,27 +34,10 @@ def test_cta_policy_sets_nccls_variable_and_refuses_a_different_one(monkeypatch)
 
 @pytest.mark.parametrize("kw", [{"comm_buffers": "symmetric"}, {"nccl_cta_policy": "efficiency"}])
 def test_nccl_knobs_fail_on_the_cpu_before_the_model_is_built(monkeypatch, kw):
-    import lightning as L
-
-    from nemo_vfm.data.synthetic import MockLatentDataModule
-    from nemo_vfm.lightning.module import DiffusionModule
-    from nemo_vfm.models.dit.model import DiTConfig
-
     monkeypatch.delenv("NCCL_CTA_POLICY", raising=False)
-    built = []
-
-    class Cfg(DiTConfig):
-        def build(self, device=None):
-            built.append(1)
-            return super().build(device)
-
-    module = DiffusionModule(Cfg(num_layers=2, hidden_size=48, num_heads=6, in_channels=4, context_dim=None),
-                             objective=None)
-    trainer = L.Trainer(devices=1, accelerator="cpu", strategy=VFMParallelStrategy(**kw), max_steps=1, logger=False,
-                        enable_checkpointing=False)
-    with pytest.raises(ValueError, match="configure NCCL; this run's process group is 'gloo'"):
-        trainer.fit(module, datamodule=MockLatentDataModule(latent_channels=4, context_dim=None))
-    assert not built and "NCCL_CTA_POLICY" not in __import__("os").environ
+    error, built = fit_error_and_builds(VFMParallelStrategy(**kw))
+    assert "configure NCCL; this run's process group is 'gloo'" in str(error), str(error)
+    assert not built and "NCCL_CTA_POLICY" not in os.environ
 
 
 def _reducer_on_gloo(rank, world):

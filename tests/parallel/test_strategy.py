@@ -100,16 +100,15 @@ def test_meta_copy_allocates_nothing_and_keeps_shared_tensors():
     assert not any(p.is_meta for p in net.parameters()) and copy[0].weight.requires_grad
 
 
-def test_bad_layout_fails_before_the_model_is_built(monkeypatch):
-    """2 processes cannot hold TP4: the error comes before any process group or model exists."""
+def fit_error_and_builds(strategy, devices: int = 1) -> tuple[ValueError, int]:
+    """Fit a 2-block DiT on the CPU with ``strategy``; the ``ValueError`` it raises and how often the network was
+    built before it."""
     import lightning as L
-    import torch
 
     from nemo_vfm.data.synthetic import MockLatentDataModule
     from nemo_vfm.lightning.module import DiffusionModule
     from nemo_vfm.models.dit.model import DiTConfig
 
-    monkeypatch.setenv("LOCAL_RANK", "0")  # as if launched by torchrun: Lightning spawns nothing
     built = []
 
     class Cfg(DiTConfig):
@@ -119,11 +118,20 @@ def test_bad_layout_fails_before_the_model_is_built(monkeypatch):
 
     module = DiffusionModule(Cfg(num_layers=2, hidden_size=48, num_heads=6, in_channels=4, context_dim=None),
                              objective=None)
-    trainer = L.Trainer(devices=2, accelerator="cpu", strategy=VFMParallelStrategy(tensor_model_parallel_size=4),
-                        max_steps=1, logger=False, enable_checkpointing=False)
+    trainer = L.Trainer(devices=devices, accelerator="cpu", strategy=strategy, max_steps=1, logger=False,
+                        enable_checkpointing=False)
     with pytest.raises(ValueError) as e:
         trainer.fit(module, datamodule=MockLatentDataModule(latent_channels=4, context_dim=None))
-    assert "world size 2" in str(e.value) and "4" in str(e.value), str(e.value)
+    return e.value, len(built)
+
+
+def test_bad_layout_fails_before_the_model_is_built(monkeypatch):
+    """2 processes cannot hold TP4: the error comes before any process group or model exists."""
+    import torch
+
+    monkeypatch.setenv("LOCAL_RANK", "0")  # as if launched by torchrun: Lightning spawns nothing
+    error, built = fit_error_and_builds(VFMParallelStrategy(tensor_model_parallel_size=4), devices=2)
+    assert "world size 2" in str(error) and "4" in str(error), str(error)
     assert not built and not torch.distributed.is_initialized()
 
 
