@@ -37,11 +37,10 @@ from pathlib import Path
 
 from nemo_vfm.models.flops import mfu, peak_tflops
 
-__all__ = ["NO_MULTICAST", "ROOT", "STEP_TIME", "RecipeCase", "bookkeeping", "child_env", "comm_env", "device_peak",
-           "environment",
-           "git_commit", "launcher_cmd", "live_members", "load_recipe", "mfu", "outcome", "peak_tflops", "perf_rows",
-           "pyplot", "rank_tail", "read_perf", "run_logged", "run_recipe", "save_figure", "set_override", "step_time",
-           "torchrun_cmd", "wait_group_gone", "write_json"]
+__all__ = ["NO_MULTICAST", "ROOT", "STEP_TIME", "RecipeCase", "bookkeeping", "child_env", "comm_env",
+           "device_peak", "environment", "git_commit", "launcher_cmd", "live_members", "load_recipe", "mfu",
+           "outcome", "peak_tflops", "perf_rows", "pyplot", "rank_tail", "read_perf", "run_logged", "run_recipe",
+           "save_figure", "set_override", "step_time", "torchrun_cmd", "wait_group_gone", "write_json"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # the child environment of multi-GPU runs: NVLink multicast off

@@ -74,6 +74,7 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
     from torch.profiler import ProfilerActivity, profile
 
     from bench.train_throughput import is_annotation
+    from nemo_vfm.lightning.profiler import kernel_label
 
     tmp = tempfile.mkdtemp(prefix="vfm-prof-")
     recipe = load_recipe(case.factory, [
@@ -117,8 +118,6 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
             if self.prof is not None and trainer.global_step == warmup + steps:
                 _sync()
                 wall = (time.perf_counter() - self.t0) / steps
-                from nemo_vfm.lightning.profiler import kernel_label
-
                 self.prof.__exit__(None, None, None)
                 events = self.prof.key_averages()
                 gpu = [(e.key, getattr(e, "self_device_time_total", 0) / 1e3 / steps, e.count // steps)
@@ -136,7 +135,8 @@ def profile_recipe(case: RecipeCase, warmup: int = 8, steps: int = 3, device: st
                     result["overlap"] = overlap_summary(kernels_from_trace(trace), steps)
                     trace.unlink()
                 result.update({"wall_ms_per_step": wall * 1e3, "gpu_busy_ms_per_step": busy,
-                               "top_gpu": [{"name": kernel_label(n), "ms": round(ms, 3), "calls": c} for n, ms, c in gpu[:25]],
+                               "top_gpu": [{"name": kernel_label(n), "ms": round(ms, 3), "calls": c}
+                                           for n, ms, c in gpu[:25]],
                                "top_cpu": [{"name": n[:100], "ms": round(ms, 3), "calls": c} for n, ms, c in cpu[:25]]})
                 self.prof = None
 

@@ -5,13 +5,15 @@ NCCL runs a collective as kernels on the SMs, beside the compute it overlaps: on
 GEMMs ran up to 1.9x slower while the gradient all-reduce ran beside them (docs/benchmarks.md section 8). NCCL 2.27
 and later have two ways to take fewer SMs:
 
-- symmetric-memory kernels, over buffers that every rank of a group allocated from NCCL's pool and registered
-  together (:func:`symmetric_empty`; FSDP2 stages its all-gathers and reduce-scatters in such buffers after
+- symmetric-memory kernels, which NCCL may choose for buffers that every rank of a group allocated from NCCL's pool
+  and registered together (:func:`symmetric_empty`; FSDP2 stages its all-gathers and reduce-scatters in such buffers after
   :func:`use_symmetric_fsdp_buffers`);
 - the CTA policy (:func:`set_cta_policy`): ``efficiency`` takes the fewest CTAs that keep the bandwidth, ``zero``
   none where it can (all-gathers over symmetric buffers by copy engine).
 
 Registering a buffer is a collective: every rank of the group allocates the same buffers in the same order.
+Which kernels NCCL then picks, and what that saves, is not measured on several GPUs yet (docs/benchmarks.md
+section 8); the gradients equal the default path's (``tests/parallel/test_comm_buffers_gpu.py``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def use_symmetric_fsdp_buffers(net: nn.Module) -> int:
 
 class SymmetricAllGather:
     """FSDP2's all-gather (its ``Comm`` interface: ``allocate``, then the call) with the output in NCCL symmetric
-    memory (NCCL's symmetric kernel, or its copy engine under ``NCCL_CTA_POLICY=2``)."""
+    memory, where NCCL may use its symmetric kernel, or its copy engine under ``NCCL_CTA_POLICY=2``."""
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return _pool_empty(size, dtype, device)
@@ -107,8 +109,8 @@ def _register(tensor: torch.Tensor, group) -> None:
     registration and looks it up when the pool hands the buffer out again)."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    _check_nccl(group)
-    if group.group_name not in _READY:
+    if group.group_name not in _READY:  # once per group: the backend, then its communicator
+        _check_nccl(group)
         dist.barrier(group=group)  # creates the group's communicator before the first registration
         _READY.add(group.group_name)
     symm_mem.rendezvous(tensor, group=group.group_name)

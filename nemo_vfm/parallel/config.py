@@ -59,7 +59,8 @@ class ParallelConfig:
     comm_buffers: str = "default"
     """Where the data-parallel collectives' tensors live: ``default`` (PyTorch's caching allocator) or ``symmetric``
     (NCCL symmetric memory, registered once with every rank: FSDP2's all-gather / reduce-scatter buffers and plain
-    data parallel's gradient buckets; NCCL then runs its symmetric-memory kernels). NCCL (CUDA) only."""
+    data parallel's gradient buckets; NCCL may then run its symmetric-memory kernels: the speed is not measured on
+    several GPUs yet). NCCL (CUDA) only."""
     nccl_cta_policy: str = "default"
     """How many SMs NCCL's collectives take beside the compute (``NCCL_CTA_POLICY``, set before the process group
     starts): ``default``, ``efficiency`` (the fewest CTAs that keep the bandwidth) or ``zero`` (none where it can:

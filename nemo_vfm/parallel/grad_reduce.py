@@ -14,8 +14,8 @@ the average cast back into the gradients' dtype (the optimizer still sees fp32 g
 gradients' own dtype.
 
 ``symmetric=True`` (NCCL only): each bucket is packed into a buffer of its own in NCCL symmetric memory, allocated
-and registered with every rank at its first use and kept (``nemo_vfm.parallel.comm_buffers``); NCCL then runs its
-symmetric-memory all-reduce, which takes fewer SMs from the backward it overlaps.
+and registered with every rank at its first use and kept (``nemo_vfm.parallel.comm_buffers``), so that NCCL can
+run its symmetric-memory all-reduce, meant to take fewer SMs from the backward it overlaps (not measured yet).
 
 Every rank must produce gradients for the same parameters (as for one flat all-reduce); a parameter without a
 gradient on every rank is left out of its bucket's reduction.
