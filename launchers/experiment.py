@@ -34,7 +34,10 @@ def _value(text: str):
 
 
 def _apply(recipe, overrides: list[str]):
-    """``a.b.c=value`` overrides on a recipe (values parsed as JSON when they can be)."""
+    """``a.b.c=value`` overrides on a recipe (values parsed as JSON when they can be); the memory knobs they set stay
+    as set under a memory budget (``recipes/cli.py``'s ``keep_memory_knobs``)."""
+    from nemo_vfm_recipes.cli import keep_memory_knobs, memory_overrides
+
     for item in overrides:
         key, sep, val = item.partition("=")
         if not sep:
@@ -46,7 +49,7 @@ def _apply(recipe, overrides: list[str]):
         if not hasattr(node, last):
             raise ValueError(f"override {key!r}: {type(node).__name__} has no field {last!r}")
         setattr(node, last, _value(val))
-    return recipe
+    return keep_memory_knobs(recipe, memory_overrides(overrides))
 
 
 def build_tasks(workdir: str, *, steps=STEPS[1:], raw: str | None = None, synthetic: int = 0,

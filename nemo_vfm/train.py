@@ -111,8 +111,12 @@ def _plain(obj):
         return [_plain(v) for v in obj]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
+    target = f"{type(obj).__module__}.{type(obj).__qualname__}"
     if hasattr(obj, "hparams"):  # Lightning modules/data modules: their saved init arguments
-        return {"_target_": f"{type(obj).__module__}.{type(obj).__qualname__}", **_plain(dict(obj.hparams))}
+        return {"_target_": target, **_plain(dict(obj.hparams))}
+    config = getattr(obj, "config", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):  # VFMParallelStrategy: its knobs
+        return {**_plain(config), "_target_": target}
     return repr(obj)
 
 

@@ -50,21 +50,41 @@ def strategy_overrides(argv: list[str]) -> list[str]:
     return [a.split("=", 1)[0][len(STRATEGY):] for a in argv if a.startswith(STRATEGY) and "=" in a]
 
 
-def _with_parallel_strategy(factory):
+def memory_overrides(argv: list[str]) -> tuple[str, ...]:
+    """The memory-budget knobs (``trainer.memory_budget_keep`` names) that ``argv``'s overrides set, e.g.
+    ``("activation_checkpointing",)`` for ``trainer.strategy.activation_checkpointing=full``."""
+    from nemo_vfm.lightning.memory_budget import KNOB_NAMES
+
+    keys = {a.split("=", 1)[0] for a in argv if "=" in a and not a.startswith("-")}
+    return tuple(name for name, path in KNOB_NAMES.items() if path in keys)
+
+
+def keep_memory_knobs(recipe, names: tuple[str, ...]):
+    """Add ``names`` to the recipe's ``trainer.memory_budget_keep``: a memory knob the user set stays as set under
+    ``trainer.memory_budget_gb`` (the budget chooses the others). Returns ``recipe``."""
+    if names:
+        kept = tuple(recipe.trainer.memory_budget_keep or ())
+        recipe.trainer.memory_budget_keep = tuple(dict.fromkeys((*kept, *names)))
+    return recipe
+
+
+def _wrapped(factory, *, strategy: bool, keep: tuple[str, ...]):
     """``factory`` whose recipe holds a ``VFMParallelStrategy`` config in place of a strategy name such as
-    ``"auto"``, so that ``trainer.strategy.<knob>=...`` overrides have a config to set."""
+    ``"auto"`` (``strategy``: so that ``trainer.strategy.<knob>=...`` overrides have a config to set) and keeps the
+    memory knobs ``keep`` (:func:`keep_memory_knobs`)."""
     import functools
 
     @functools.wraps(factory)
-    def with_strategy():
+    def wrapped():
         from nemo_vfm_recipes import parallel
 
         recipe = factory()
-        parallel.strategy(recipe)
-        return recipe
+        if strategy:
+            parallel.strategy(recipe)
+        return keep_memory_knobs(recipe, keep)
 
-    with_strategy.wrapped, with_strategy.__factory__ = getattr(factory, "wrapped", factory), True
-    return with_strategy
+    wrapped.wrapped, wrapped.__factory__ = getattr(factory, "wrapped", factory), True
+    return wrapped
 
 
 def run_cli(target, argv: list[str], prog: str) -> int:
@@ -77,7 +97,9 @@ def run_cli(target, argv: list[str], prog: str) -> int:
     ``-v`` gives every error its traceback.
 
     ``trainer.strategy.<knob>=value`` works on every factory: where the recipe names a Lightning strategy
-    (``"auto"``), it becomes a ``VFMParallelStrategy`` first; an unknown knob exits 2 naming the valid ones."""
+    (``"auto"``), it becomes a ``VFMParallelStrategy`` first; an unknown knob exits 2 naming the valid ones. A memory
+    knob set on the command line (``trainer.strategy.activation_checkpointing``, ``optim.name``, ...) joins
+    ``trainer.memory_budget_keep``, so a recipe's ``trainer.memory_budget_gb`` does not choose it over the user."""
     import sys
 
     import catalogue
@@ -102,9 +124,11 @@ def run_cli(target, argv: list[str], prog: str) -> int:
             print(f"error: unknown parallel strategy knob {STRATEGY}{bad[0]}; valid knobs: {', '.join(valid)}",
                   file=sys.stderr)
             return 2
-        if name is not None:
-            key = (get_type_namespace(target), name)
-            catalogue._set(key, _with_parallel_strategy(catalogue._get(key)))
+    keep = memory_overrides(argv)
+    key = (get_type_namespace(target), name)
+    original = catalogue._get(key) if name is not None and (knobs or keep) else None
+    if original is not None:  # for this call only (in-process callers run several)
+        catalogue._set(key, _wrapped(original, strategy=bool(knobs), keep=keep))
     entry = run.cli.entrypoint(namespace="vfm")(target)
     app = typer.Typer(pretty_exceptions_enable=False)
     entry.cli_entrypoint._add_command(app, is_main=True)
@@ -119,6 +143,9 @@ def run_cli(target, argv: list[str], prog: str) -> int:
         sys.stderr.write(f"error: {_rank_prefix()}{message}\n")
         sys.stderr.flush()
         return code
+    finally:
+        if original is not None:
+            catalogue._set(key, original)
     return rc if isinstance(rc, int) else 0
 
 

@@ -11,7 +11,8 @@ of checkpointed blocks, ``activation_checkpointing_blocks``, only where the run 
 ``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
 ``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
 installed). **Rule: every one of these knobs is chosen, the recipe's values included (ties go to the fewest changes,
-so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``) stay as set.**
+so they stay whenever they are as fast); knobs named in ``keep`` (``trainer.memory_budget_keep``; the CLI adds those
+its overrides set, ``recipes/cli.py``) stay as set.**
 Candidates are ordered by an estimated slowdown factor; the first whose estimated peak fits ``(1 - HEADROOM)`` x the
 budget is taken (ties: fewest changes, then least memory), and whose host share (:func:`host_gib`: swapped
 weights, offloaded activations, FSDP2's offloaded state) fits ``(1 - HEADROOM)`` x the host's ``MemAvailable`` per
@@ -370,7 +371,7 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
     fits = f"trainer.memory_budget_gb={budget_gib:g}" + (f" (estimates must fit {fit:.1f})" if headroom else "")
     raise ValueError(f"nothing fits {fits}: the smallest estimate is {g:.1f} GiB ({s.describe(current)}); raise the "
                      "budget, lower data.batch_size or the clip size, use more GPUs (FSDP shards the weights), or "
-                     "unset the memory knobs you fixed")
+                     "drop the memory knobs you fixed (on the command line or in trainer.memory_budget_keep)")
 
 
 def _layout(strategy, trainer) -> tuple[object, int, int]:

@@ -21,3 +21,17 @@ def test_failed_train_step_exits_nonzero(tmp_path):
                        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 1, (p.stdout + p.stderr)[-3000:]
     assert "error: step(s) train (FAILED) did not succeed" in p.stderr
+
+
+def test_overrides_keep_the_memory_knobs_they_set():
+    """As on ``launchers/train.py``'s command line: a memory knob the experiment's overrides set stays as set under
+    the recipe's memory budget; the other overrides add nothing to the kept list."""
+    sys.path.insert(0, str(ROOT / "launchers"))
+    from experiment import _apply
+
+    from nemo_vfm_recipes import dit
+
+    recipe = _apply(dit.pretrain_7b(), ["trainer.strategy.activation_checkpointing=full", "trainer.max_steps=2"])
+    assert recipe.trainer.memory_budget_keep == ("optim_name", "activation_checkpointing")
+    assert recipe.trainer.strategy.activation_checkpointing == "full" and recipe.trainer.max_steps == 2
+    assert _apply(dit.pretrain_7b(), ["trainer.max_steps=2"]).trainer.memory_budget_keep == ("optim_name",)

@@ -102,3 +102,21 @@ def test_profile_steps_profile_a_window_of_the_users_run(tmp_path):
     assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
     assert "profile of steps 2-3" in r.stdout
     assert (tmp_path / "quickstart" / "samples" / "step=00000004.mp4").stat().st_size > 0  # previews still written
+
+
+def test_a_memory_knob_set_on_the_command_line_stays_under_the_budget(tmp_path):
+    """With ``trainer.memory_budget_gb`` the budget picks every memory knob, but one the user names on the command
+    line stays as set: 1,000 GiB fits everything, so ``none`` would be chosen over the recipe's checkpointing."""
+    common = ["--factory", "quickstart", "--yes", "trainer.max_steps=1", "data.num_clips=4", "data.batch_size=4",
+              "sampling.num_steps=2", "sampling.num_samples=1", "trainer.memory_budget_gb=1000"]
+    r = launch(*common, "trainer.strategy.activation_checkpointing=full", f"log.root={tmp_path / 'kept'}")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "kept as set: trainer.strategy.activation_checkpointing=full" in r.stdout
+    config = (tmp_path / "kept" / "quickstart" / "config.yaml").read_text()
+    assert "activation_checkpointing: full" in config
+    # an explicit trainer.memory_budget_keep replaces the kept list: the budget chooses again
+    r = launch(*common, "trainer.strategy.activation_checkpointing=full", "trainer.memory_budget_keep=[]",
+               f"log.root={tmp_path / 'chosen'}")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "trainer.strategy.activation_checkpointing=none" in r.stdout
+    assert "activation_checkpointing: none" in (tmp_path / "chosen" / "quickstart" / "config.yaml").read_text()
