@@ -258,44 +258,36 @@ def _a2a(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def _seq_to_heads(x: torch.Tensor, group) -> torch.Tensor:
-    """(B, H, S/n, D) -> (B, H/n, S, D)."""
+class _AllToAll(torch.autograd.Function):
+    """All-to-all over dim 0 (in: the destination rank; out: the source rank). An all-to-all of equal parts is its
+    own adjoint, so the gradient goes back through the same all-to-all."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _a2a(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _a2a(g, ctx.group), None
+
+
+def _qkv_to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group) -> tuple[torch.Tensor, ...]:
+    """q, k, v ``(B, H, S/n, D)`` -> ``(B, H/n, S, D)`` each, in one all-to-all (one point where the ranks wait
+    for each other, not three): they are packed as ``(n, 3, B, H/n, S/n, D)``, dim 0 the destination rank."""
     n = dist.get_world_size(group)
-    b, h, s, d = x.shape
-    x = x.reshape(b, n, h // n, s, d).permute(1, 0, 2, 3, 4)
-    x = _a2a(x, group)  # dim 0 now indexes the source rank = token block
-    return x.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
+    b, h, s, d = q.shape
+    send = torch.stack([t.reshape(b, n, h // n, s, d).transpose(0, 1) for t in (q, k, v)], dim=1)
+    recv = _AllToAll.apply(send, group)  # dim 0 now indexes the source rank = token block
+    return recv.permute(1, 2, 3, 0, 4, 5).reshape(3, b, h // n, n * s, d).unbind(0)
 
 
 def _heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     """(B, H/n, S, D) -> (B, H, S/n, D)."""
     n = dist.get_world_size(group)
     b, h, s, d = x.shape
-    x = x.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4)
-    x = _a2a(x, group)  # dim 0 now indexes the source rank = head block
+    x = _AllToAll.apply(x.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4), group)  # dim 0: the head block
     return x.permute(1, 0, 2, 3, 4).reshape(b, n * h, s // n, d)
-
-
-class _SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _heads_to_seq(g, ctx.group), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _heads_to_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_to_heads(g, ctx.group), None
 
 
 def ulysses_attention(
@@ -329,7 +321,7 @@ def ulysses_attention(
         seg = gather_no_grad(segment_ids, 1, group) if n > 1 else segment_ids
         mask = _block_mask(seg, seg)
     if n > 1:
-        q, k, v = (_SeqToHeads.apply(t, group) for t in (q, k, v))
+        q, k, v = _qkv_to_heads(q, k, v, group)
     if valid_len is not None:
         k, v = k[:, :, :valid_len], v[:, :, :valid_len]
         mask = None if mask is None else mask[..., :valid_len]
@@ -339,7 +331,7 @@ def ulysses_attention(
         out = packed(q, k, v)
     else:
         out = _local_attention(q, k, v, mask, scale, "auto")
-    return _HeadsToSeq.apply(out, group) if n > 1 else out
+    return _heads_to_seq(out, group) if n > 1 else out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -27,15 +27,9 @@ import torch.distributed as dist
 from torch import nn
 
 from nemo_vfm.parallel import context_parallel as cpl
+from nemo_vfm.parallel.context_parallel import _a2a
 
 MODES = ("hybrid", "ring")
-
-
-def _a2a(x: torch.Tensor, group) -> torch.Tensor:
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    return out
 
 
 # The layout switches as (send layout) -> all-to-all over dim 0 -> (receive layout). An all-to-all of equal

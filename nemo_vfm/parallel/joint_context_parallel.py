@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from nemo_vfm.parallel.context_parallel import ContextParallelCore, _a2a, _HeadsToSeq, _SeqToHeads
+from nemo_vfm.parallel.context_parallel import ContextParallelCore, _a2a, _heads_to_seq, _qkv_to_heads
 
 
 def _gather_heads(x: torch.Tensor, group) -> torch.Tensor:
@@ -85,7 +85,7 @@ class JointContextParallelCore(ContextParallelCore):
             raise ValueError(f"all-to-all context parallel needs heads ({H}) divisible by cp={n}.")
         h = H // n
         heads = slice(r * h, (r + 1) * h)
-        qx, kx, vx = (_SeqToHeads.apply(t[:, :, :s_loc], self.group) for t in (q, k, v))  # (B, H/n, S, D)
+        qx, kx, vx = _qkv_to_heads(*(t[:, :, :s_loc] for t in (q, k, v)), self.group)  # (B, H/n, S, D)
         S = qx.shape[2]
         if self.valid_len is not None:  # trailing video padding: cut from the keys
             kx, vx = kx[:, :, : self.valid_len], vx[:, :, : self.valid_len]
@@ -95,6 +95,6 @@ class JointContextParallelCore(ContextParallelCore):
             txt = mask[..., s_loc:].expand(mask.shape[0], 1, 1, text_len)
             keys = torch.cat([txt.new_ones(mask.shape[0], 1, 1, kx.shape[2]), txt], dim=-1)
         out = self.inner(torch.cat([qx, qt], 2), torch.cat([kx, kt], 2), torch.cat([vx, vt], 2), keys, text_len)
-        video = _HeadsToSeq.apply(out[:, :, :S], self.group)  # (B, H, S_local, D)
+        video = _heads_to_seq(out[:, :, :S], self.group)  # (B, H, S_local, D)
         text = gather_heads(out[:, :, S:], self.group)  # (B, H, L, D)
         return torch.cat([video, text], dim=2)
