@@ -33,6 +33,7 @@ SHAPES = {
     "wan_1_3b_infer": (2, 12, 32760, 128, False),  # vfm generate, Wan-1.3B 480p x 81 frames, CFG batch of 2
     "wan_1_3b_train": (1, 12, 32760, 128, True),  # Wan-1.3B fine-tuning at the same size
     "dit_7b_8k": (1, 32, 8192, 128, True),  # pretrain_7b, 8,192 tokens
+    "dit_7b_74k_cp4": (1, 8, 73728, 128, True),  # pretrain_7b at 72x64x64 latents, CP4 a2a: a rank's 8 of 32 heads
     "dit_xl_t2v_2k": (8, 16, 2048, 72, True),  # pretrain_xl, 2,048 tokens, batch 8
     "dit_xl2_256": (176, 16, 256, 72, True),  # pretrain_xl2_256, batch 176
     "tiny": (1, 2, 64, 16, True),  # CPU smoke run (what tests/bench does)
