@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = ["FamilySpec", "TokenSplit", "check_unpipelined_layout", "COMMON_KNOBS", "DENSE_KNOBS"]
 
-# the parallelize knobs every family reads (ParallelConfig field names); DENSE_KNOBS adds fused q/k/v and FP8 linears
+# the parallelize knobs every family reads (ParallelConfig field names); DENSE_KNOBS adds fused q/k/v, FP8 linears and
+# the all-to-all head-group pipeline of the plain self-attention cores
 COMMON_KNOBS = frozenset({"activation_checkpointing", "activation_checkpointing_every", "activation_checkpointing_blocks",
                           "compile", "param_dtype", "reduce_dtype", "attention_backend", "fsdp_reshard_after_forward",
                           "cpu_offload"})
-DENSE_KNOBS = COMMON_KNOBS | {"fuse_qkv", "float8", "float8_modules"}
+DENSE_KNOBS = COMMON_KNOBS | {"fuse_qkv", "float8", "float8_modules", "context_parallel_a2a_chunks"}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,10 @@ class ParallelConfig:
     """CP: the token sequence split over this many ranks inside attention."""
     context_parallel_kind: str = "ring"
     """``ring`` (P2P, any head count) or ``a2a`` (all-to-all / Ulysses, heads per TP rank divisible by CP)."""
+    context_parallel_a2a_chunks: int = 1
+    """``a2a`` with N > 1: a CP rank's attention heads in N groups, each group's all-to-alls overlapping another
+    group's attention, forward and backward (N divides heads per TP rank / CP; families with plain self-attention
+    cores: DiT, Wan, Cosmos, MovieGen)."""
     factorized_context_parallel: str = "hybrid"
     """ST-DiT under CP: spatial attention is local; temporal by all-to-all (``hybrid``) or by ring (``ring``)."""
     factorized_context_parallel_chunks: int = 1
@@ -149,6 +153,13 @@ class ParallelConfig:
                              f"context_parallel_kind='ring' use one of {ring} (or context_parallel_kind='a2a').")
 
     def _check_chunks(self) -> None:
+        a = self.context_parallel_a2a_chunks
+        if not isinstance(a, int) or isinstance(a, bool) or a < 1:
+            raise ValueError(f"context_parallel_a2a_chunks must be an int >= 1, got {a!r}.")
+        if a > 1 and (self.context_parallel_size == 1 or self.context_parallel_kind != "a2a"):
+            raise ValueError(f"context_parallel_a2a_chunks={a} pipelines the all-to-alls of all-to-all context "
+                             f"parallelism: it needs context_parallel_size > 1 and context_parallel_kind='a2a' (got "
+                             f"{self.context_parallel_size} and {self.context_parallel_kind!r}); set it to 1.")
         n = self.factorized_context_parallel_chunks
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"factorized_context_parallel_chunks must be an int >= 1, got {n!r}.")

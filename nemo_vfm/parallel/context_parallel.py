@@ -272,22 +272,118 @@ class _AllToAll(torch.autograd.Function):
         return _a2a(g, ctx.group), None
 
 
+class _Pending:
+    """One all-to-all started without waiting (forward) and, later, its gradient's (backward)."""
+
+    __slots__ = ("work", "keep", "grad_work", "grad")
+
+
+class _Start(torch.autograd.Function):
+    """Start the all-to-all of ``x`` (dim 0: destination rank) and return its output buffer, not yet
+    filled: :class:`_Finish` waits for it. Backward waits for the gradient's all-to-all started there."""
+
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.pending = pending
+        pending.keep = x.contiguous()  # alive until the all-to-all has read it
+        out = torch.empty_like(pending.keep)
+        pending.work = dist.all_to_all_single(out, pending.keep, group=group, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.pending.grad_work.wait()
+        return ctx.pending.grad, None, None
+
+
+class _Finish(torch.autograd.Function):
+    """Wait for :class:`_Start`'s all-to-all (on CUDA: the compute stream waits, not the host). Backward starts
+    the gradient's all-to-all and returns its buffer, which only :class:`_Start`'s backward reads, after waiting."""
+
+    @staticmethod
+    def forward(ctx, buf, group, pending):
+        ctx.group, ctx.pending = group, pending
+        pending.work.wait()
+        pending.keep = None
+        return buf
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        p = ctx.pending
+        p.grad = torch.empty_like(g)
+        p.grad_work = dist.all_to_all_single(p.grad, g, group=ctx.group, async_op=True)
+        return p.grad, None, None
+
+
+def start_all_to_all(x: torch.Tensor, group) -> tuple[torch.Tensor, _Pending]:
+    """Start the all-to-all of ``x`` over dim 0 without waiting: ``(buffer, pending)`` for :func:`finish_all_to_all`,
+    which returns the buffer filled. Autograd-aware: the gradient's all-to-all overlaps in backward the same way."""
+    pending = _Pending()
+    return _Start.apply(x, group, pending), pending
+
+
+def finish_all_to_all(buf: torch.Tensor, pending: _Pending, group) -> torch.Tensor:
+    """Wait for :func:`start_all_to_all`'s all-to-all; returns its output."""
+    return _Finish.apply(buf, group, pending)
+
+
+# The layout switches of all-to-all attention as (send layout) -> all-to-all over dim 0 -> (receive layout).
+def _qkv_send(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int, heads: slice = slice(None)) -> torch.Tensor:
+    """q, k, v ``(B, H, S/n, D)`` -> ``(n, 3, B, Hc, S/n, D)``, one copy: for each destination rank (dim 0) the heads
+    ``heads`` of its block of ``H/n`` (all of them by default)."""
+    b, h, s, d = q.shape
+    return torch.stack([t.reshape(b, n, h // n, s, d)[:, :, heads].transpose(0, 1) for t in (q, k, v)], dim=1)
+
+
+def _qkv_recv(y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(n, 3, B, Hc, S/n, D)``, dim 0: the source rank = token block -> q, k, v ``(B, Hc, S, D)``."""
+    n, _, b, hc, s, d = y.shape
+    return y.permute(1, 2, 3, 0, 4, 5).reshape(3, b, hc, n * s, d).unbind(0)
+
+
+def _out_send(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``(B, Hc, S, D)`` -> ``(n, B, Hc, S/n, D)``, dim 0: the destination rank = token block."""
+    b, hc, s, d = x.shape
+    return x.reshape(b, hc, n, s // n, d).permute(2, 0, 1, 3, 4)
+
+
+def _out_recv(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The head groups' ``(n, B, Hc, S/n, D)`` (dim 0: the source rank = head block) -> ``(B, H, S/n, D)``, heads in
+    (rank, group, head) order, as :func:`_qkv_send` took them."""
+    y = parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(parts)  # (G, n, B, Hc, S/n, D)
+    g, n, b, hc, s, d = y.shape
+    return y.permute(2, 1, 0, 3, 4, 5).reshape(b, n * g * hc, s, d)
+
+
 def _qkv_to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group) -> tuple[torch.Tensor, ...]:
     """q, k, v ``(B, H, S/n, D)`` -> ``(B, H/n, S, D)`` each, in one all-to-all (one point where the ranks wait
-    for each other, not three): they are packed as ``(n, 3, B, H/n, S/n, D)``, dim 0 the destination rank."""
-    n = dist.get_world_size(group)
-    b, h, s, d = q.shape
-    send = torch.stack([t.reshape(b, n, h // n, s, d).transpose(0, 1) for t in (q, k, v)], dim=1)
-    recv = _AllToAll.apply(send, group)  # dim 0 now indexes the source rank = token block
-    return recv.permute(1, 2, 3, 0, 4, 5).reshape(3, b, h // n, n * s, d).unbind(0)
+    for each other, not three)."""
+    return _qkv_recv(_AllToAll.apply(_qkv_send(q, k, v, dist.get_world_size(group)), group))
 
 
 def _heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     """(B, H/n, S, D) -> (B, H, S/n, D)."""
+    return _out_recv([_AllToAll.apply(_out_send(x, dist.get_world_size(group)), group)])
+
+
+@torch.compiler.disable  # its all-to-alls are started and waited for apart: no graph to capture
+def _pipelined(q, k, v, group, attend, chunks: int) -> torch.Tensor:
+    """All-to-all attention with each rank's heads in ``chunks`` groups: every group's q/k/v all-to-all starts
+    first, then each group attends (``attend(q, k, v)`` on ``(B, H/(n*chunks), S, D)``) while the later groups'
+    all-to-alls run and the earlier groups' outputs go back. Backward overlaps the same way. The same result as one
+    group, with ``2 * chunks`` all-to-alls."""
     n = dist.get_world_size(group)
-    b, h, s, d = x.shape
-    x = _AllToAll.apply(x.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4), group)  # dim 0: the head block
-    return x.permute(1, 0, 2, 3, 4).reshape(b, n * h, s // n, d)
+    h = q.shape[1] // n
+    if h % chunks:
+        raise ValueError(f"context_parallel_a2a_chunks={chunks} must divide the {h} attention heads of a "
+                         f"context-parallel rank (heads per tensor-parallel rank / cp); choose a divisor of {h}.")
+    hc = h // chunks
+    started = [start_all_to_all(_qkv_send(q, k, v, n, slice(i * hc, (i + 1) * hc)), group) for i in range(chunks)]
+    outs = []
+    for buf, pending in started:
+        outs.append(start_all_to_all(_out_send(attend(*_qkv_recv(finish_all_to_all(buf, pending, group))), n), group))
+    return _out_recv([finish_all_to_all(buf, pending, group) for buf, pending in outs])
 
 
 def ulysses_attention(
@@ -301,6 +397,7 @@ def ulysses_attention(
     inner=None,
     valid_len: int | None = None,
     packed=None,
+    chunks: int = 1,
 ) -> torch.Tensor:
     """All-to-all context parallel attention: (B, H, S_local, D) in and out; H divisible by CP.
 
@@ -309,6 +406,8 @@ def ulysses_attention(
     ``packed``: the whole THD stream's ``PackedAttention`` (varlen kernels on the GPU); used instead of a
     dense mask built from ``segment_ids``, since after the all-to-all each rank holds the whole stream (it
     applies the default 1/sqrt(D) scale).
+    ``chunks``: > 1 pipelines the all-to-alls with the attention over that many head groups (:func:`_pipelined`;
+    it divides H/CP).
     """
     n = dist.get_world_size(group)
     if q.shape[1] % n:
@@ -320,18 +419,21 @@ def ulysses_attention(
     if mask is None and segment_ids is not None:
         seg = gather_no_grad(segment_ids, 1, group) if n > 1 else segment_ids
         mask = _block_mask(seg, seg)
-    if n > 1:
-        q, k, v = _qkv_to_heads(q, k, v, group)
     if valid_len is not None:
-        k, v = k[:, :, :valid_len], v[:, :, :valid_len]
         mask = None if mask is None else mask[..., :valid_len]
-    if inner is not None:
-        out = inner(q, k, v, mask)
-    elif packed is not None:
-        out = packed(q, k, v)
-    else:
-        out = _local_attention(q, k, v, mask, scale, "auto")
-    return _heads_to_seq(out, group) if n > 1 else out
+
+    def attend(q, k, v):  # (B, h, S, D): whole-sequence attention on some heads
+        if valid_len is not None:
+            k, v = k[:, :, :valid_len], v[:, :, :valid_len]
+        if inner is not None:
+            return inner(q, k, v, mask)
+        return packed(q, k, v) if packed is not None else _local_attention(q, k, v, mask, scale, "auto")
+
+    if n == 1:
+        return attend(q, k, v)
+    if chunks > 1:
+        return _pipelined(q, k, v, group, attend, chunks)
+    return _heads_to_seq(attend(*_qkv_to_heads(q, k, v, group)), group)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -345,11 +447,15 @@ class ContextParallelCore(nn.Module):
     argument is not supported under CP (it would have to cover the global sequence).
     """
 
-    def __init__(self, group, kind: str = "ring", *, backend: str = "auto", inner: nn.Module | None = None):
+    def __init__(self, group, kind: str = "ring", *, backend: str = "auto", inner: nn.Module | None = None,
+                 chunks: int = 1):
         super().__init__()
         if kind not in ("ring", "a2a"):
             raise ValueError(f"kind must be 'ring' or 'a2a', got {kind!r}.")
-        self.group, self.kind, self.backend = group, kind, backend
+        if chunks != 1 and kind != "a2a":
+            raise ValueError(f"context_parallel_a2a_chunks={chunks} pipelines all-to-all context parallelism; "
+                             f"the {kind} kind takes 1.")
+        self.group, self.kind, self.backend, self.chunks = group, kind, backend, chunks
         self.inner = inner
         self.segment_ids: torch.Tensor | None = None
         self.valid_len: int | None = None  # set per forward: real tokens before trailing padding
@@ -367,4 +473,4 @@ class ContextParallelCore(nn.Module):
                                   backend=self.backend, valid_len=self.valid_len)
         inner = None if self.inner is None else (lambda q_, k_, v_, m_: self.inner(q_, k_, v_, m_))
         return ulysses_attention(q, k, v, self.group, segment_ids=self.segment_ids, scale=self.scale, inner=inner,
-                                 valid_len=self.valid_len, packed=self.packed)
+                                 valid_len=self.valid_len, packed=self.packed, chunks=self.chunks)

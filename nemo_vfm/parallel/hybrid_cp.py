@@ -109,59 +109,6 @@ def locations_to_frames(x: torch.Tensor, hw: int, group) -> torch.Tensor:
     return _L2F.apply(x, hw, group) if n > 1 else x
 
 
-class _Pending:
-    """One all-to-all started without waiting (forward) and, later, its gradient's (backward)."""
-
-    __slots__ = ("work", "keep", "grad_work", "grad")
-
-
-class _Start(torch.autograd.Function):
-    """Start the all-to-all of ``x`` (dim 0: destination rank) and return its output buffer, not yet
-    filled: :class:`_Finish` waits for it. Backward waits for the gradient's all-to-all started there."""
-
-    @staticmethod
-    def forward(ctx, x, group, pending):
-        ctx.pending = pending
-        pending.keep = x.contiguous()  # alive until the all-to-all has read it
-        out = torch.empty_like(pending.keep)
-        pending.work = dist.all_to_all_single(out, pending.keep, group=group, async_op=True)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.pending.grad_work.wait()
-        return ctx.pending.grad, None, None
-
-
-class _Finish(torch.autograd.Function):
-    """Wait for :class:`_Start`'s all-to-all (on CUDA: the compute stream waits, not the host). Backward starts
-    the gradient's all-to-all and returns its buffer, which only :class:`_Start`'s backward reads, after waiting."""
-
-    @staticmethod
-    def forward(ctx, buf, group, pending):
-        ctx.group, ctx.pending = group, pending
-        pending.work.wait()
-        pending.keep = None
-        return buf
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous()
-        p = ctx.pending
-        p.grad = torch.empty_like(g)
-        p.grad_work = dist.all_to_all_single(p.grad, g, group=ctx.group, async_op=True)
-        return p.grad, None, None
-
-
-def _start(x: torch.Tensor, group) -> tuple[torch.Tensor, _Pending]:
-    pending = _Pending()
-    return _Start.apply(x, group, pending), pending
-
-
-def _finish(buf: torch.Tensor, pending: _Pending, group) -> torch.Tensor:
-    return _Finish.apply(buf, group, pending)
-
-
 class FactorizedCPCore(nn.Module):
     """Context-parallel replacement for a factorized attention core (``core(q, k, v, hw, mask)``).
 
@@ -213,12 +160,12 @@ class FactorizedCPCore(nn.Module):
         if hn % self.chunks:
             raise ValueError(f"chunks={self.chunks} must divide the {hn} attention heads of this rank.")
         parts = torch.cat((q, k, v)).chunk(self.chunks, dim=1)  # (3B, Hn/chunks, S_local, Dh) each
-        started = [_start(_f2l_send(x, hw, n), self.group) for x in parts]
+        started = [cpl.start_all_to_all(_f2l_send(x, hw, n), self.group) for x in parts]
         outs = []
         for buf, pending in started:
-            qc, kc, vc = _f2l_recv(_finish(buf, pending, self.group)).chunk(3)
-            outs.append(_start(_l2f_send(self.inner(qc, kc, vc, hw // n), hw, n), self.group))
-        return torch.cat([_l2f_recv(_finish(buf, pending, self.group)) for buf, pending in outs], dim=1)
+            qc, kc, vc = _f2l_recv(cpl.finish_all_to_all(buf, pending, self.group)).chunk(3)
+            outs.append(cpl.start_all_to_all(_l2f_send(self.inner(qc, kc, vc, hw // n), hw, n), self.group))
+        return torch.cat([_l2f_recv(cpl.finish_all_to_all(buf, pending, self.group)) for buf, pending in outs], dim=1)
 
 
 def replace_factorized_cores(blocks, group, mode: str = "hybrid", *, paths=("spatial_attn.core", "temporal_attn.core"),

@@ -66,7 +66,10 @@ class JointContextParallelCore(ContextParallelCore):
     :class:`ContextParallelCore`). Returns ``(B, H, S_local + L, D)``: the local video tokens and the whole text.
     """
 
-    def __init__(self, group, kind: str = "a2a", *, backend: str = "auto", inner=None):
+    def __init__(self, group, kind: str = "a2a", *, backend: str = "auto", inner=None, chunks: int = 1):
+        if chunks != 1:
+            raise NotImplementedError(f"context_parallel_a2a_chunks={chunks}: the head-group pipeline is not "
+                                      "implemented for joint (video + text) attention; set it to 1.")
         if kind != "a2a":
             raise NotImplementedError(f"{kind} context parallelism is not implemented for joint (video + text) "
                                       "attention; use context_parallel_kind='a2a' (heads divisible by cp).")

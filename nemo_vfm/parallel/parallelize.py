@@ -54,17 +54,18 @@ def _prepare_moe(spec, blocks, pmesh: ParallelMesh, tok: TokenParallel | None) -
     return layers
 
 
-def replace_cores(blocks, pmesh: ParallelMesh, backend: str, cores: tuple[str, ...], cp_core=None) -> None:
+def replace_cores(blocks, pmesh: ParallelMesh, backend: str, cores: tuple[str, ...], cp_core=None,
+                  chunks: int = 1) -> None:
     """Each block's attention core at ``cores`` (block-relative paths) replaced by ``cp_core(group, cp_kind,
-    backend=, inner=)`` (default: the ring / all-to-all :class:`~nemo_vfm.parallel.context_parallel.
-    ContextParallelCore`)."""
+    backend=, inner=, chunks=)`` (default: the ring / all-to-all :class:`~nemo_vfm.parallel.context_parallel.
+    ContextParallelCore`; ``chunks``: its all-to-all head-group pipeline)."""
     cp_core = cp_core or cpl.ContextParallelCore
     for block in blocks:
         for path in cores:
             parent_path, _, attr = path.rpartition(".")
             parent = block.get_submodule(parent_path)
             setattr(parent, attr, cp_core(pmesh.group("cp"), pmesh.dims.cp_kind, backend=backend,
-                                          inner=getattr(parent, attr)))
+                                          inner=getattr(parent, attr), chunks=chunks))
 
 
 def _family_modules(spec, model: nn.Module, pmesh: ParallelMesh) -> None:
@@ -116,19 +117,25 @@ def _apply(
     cpu_offload: bool = False,
     factorized_context_parallel: str = "hybrid",
     factorized_context_parallel_chunks: int = 1,
+    context_parallel_a2a_chunks: int = 1,
 ) -> nn.Module:
     """``fuse_qkv``: self-attention projects q, k, v with one GEMM where its linears are plain (no TP, no FSDP).
     ``float8``: "tensorwise" | "rowwise" FP8 training of the blocks' linears (``nemo_vfm.parallel.float8``).
     ``cpu_offload``: FSDP2 with ``CPUOffloadPolicy`` (also in one process, where FSDP is otherwise skipped).
     ``factorized_context_parallel`` / ``factorized_context_parallel_chunks``: a family with factorized attention
-    (ST-DiT) reads them in its layout check and ``install_cp``. The defaults are a direct call's (the strategy
-    passes every knob the family reads, from its ParallelConfig)."""
+    (ST-DiT) reads them in its layout check and ``install_cp``. ``context_parallel_a2a_chunks``: the all-to-all
+    cores' head-group pipeline (families whose cores ``replace_cores`` swaps). The defaults are a direct call's (the
+    strategy passes every knob the family reads, from its ParallelConfig)."""
     d = pmesh.dims
     if d.pp > 1 and not blocks_only:
         raise ValueError("under pipeline parallelism build the stages with build_pipeline_stages(model, pmesh)")
     layout = spec.layout_kwargs({"factorized_context_parallel": factorized_context_parallel,
                                  "factorized_context_parallel_chunks": factorized_context_parallel_chunks})
     spec.check_layout(model.cfg, d, **layout)
+    heads = getattr(model.cfg, "num_heads", 0) // (d.tp * d.cp)
+    if context_parallel_a2a_chunks > 1 and heads % context_parallel_a2a_chunks:
+        raise ValueError(f"context_parallel_a2a_chunks={context_parallel_a2a_chunks} must divide the {heads} attention "
+                         f"heads of a context-parallel rank (num_heads / (tp * cp)); choose a divisor of {heads}.")
     check_float8(float8, float8_modules, d.tp)
     _family_modules(spec, model, pmesh)
     blocks = model.blocks
@@ -143,7 +150,8 @@ def _apply(
         if spec.install_cp is not None:
             spec.install_cp(owned, pmesh, attention_backend, **layout)
         else:
-            replace_cores(owned, pmesh, attention_backend, spec.self_attention_cores, spec.cp_core)
+            replace_cores(owned, pmesh, attention_backend, spec.self_attention_cores, spec.cp_core,
+                          chunks=context_parallel_a2a_chunks)
     tok = None
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         tok = TokenParallel(pmesh, pad=spec.pad_tokens, plan=spec.token_split)

@@ -51,3 +51,21 @@ def test_ring_and_a2a_match_single_process():
 def test_packed_thd_sequences_under_cp():
     errs = run_distributed(_worker, 2, True)[0]
     assert all(e < 1e-10 for e in errs.values()), errs
+
+
+def test_head_groups_must_divide_a_ranks_heads_before_anything_is_built():
+    """``context_parallel_a2a_chunks`` is checked against the heads of a CP rank in ``parallelize``, before any core
+    is swapped or weight sharded (here no process group exists)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from nemo_vfm.models.dit.model import DiT, DiTConfig
+    from nemo_vfm.models.families import family_spec
+    from nemo_vfm.parallel.dims import ParallelDims
+    from nemo_vfm.parallel.parallelize import parallelize
+
+    cfg = DiTConfig(num_layers=1, hidden_size=64, num_heads=8, in_channels=4, context_dim=16)
+    pmesh = SimpleNamespace(dims=ParallelDims(world_size=2, cp=2, cp_kind="a2a"))  # 4 heads a rank
+    with pytest.raises(ValueError, match=r"context_parallel_a2a_chunks=3 must divide the 4 attention heads"):
+        parallelize(DiT(cfg), pmesh, spec=family_spec(cfg), context_parallel_a2a_chunks=3)

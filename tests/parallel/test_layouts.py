@@ -13,6 +13,7 @@ LAYOUTS_2 = {
     "SP+TP2": dict(tp=2, sequence_parallel=True),
     "CP2 ring": dict(cp=2),
     "CP2 all-to-all": dict(cp=2, cp_kind="a2a"),
+    "CP2 all-to-all, 2 pipelined head groups": dict(cp=2, cp_kind="a2a", context_parallel_a2a_chunks=2),
     "PP2 1F1B": dict(pp=2),
     "PP2 interleaved": dict(pp=2, pp_schedule="interleaved"),
     "FSDP2": dict(),
@@ -29,8 +30,10 @@ LAYOUTS_4 = {
     "PP2xCP2": dict(pp=2, cp=2),
     "HSDP 2x2": dict(dp_replicate=2, dp_shard=2),
     "CP2xFSDP2 + selective AC": dict(cp=2, activation_checkpointing="selective"),
+    "CP2xFSDP2 all-to-all, 2 head groups + save_attention AC": dict(cp=2, cp_kind="a2a", context_parallel_a2a_chunks=2,
+                                                                    activation_checkpointing="save_attention"),
 }
-_AC = ("activation_checkpointing",)
+_AC = ("activation_checkpointing", "context_parallel_a2a_chunks")  # parallelize knobs, not ParallelDims fields
 
 
 def _worker(rank, world, layouts):

@@ -59,7 +59,7 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
         "compile": "auto", "fuse_qkv": True,
         "float8": None, "float8_modules": "mlp", "param_dtype": "bf16", "reduce_dtype": "fp32",
         "attention_backend": "auto", "fsdp_reshard_after_forward": False, "factorized_context_parallel": "hybrid",
-        "factorized_context_parallel_chunks": 1, "cpu_offload": False}
+        "factorized_context_parallel_chunks": 1, "context_parallel_a2a_chunks": 1, "cpu_offload": False}
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -76,6 +76,9 @@ def test_the_strategy_stores_one_config_and_passes_the_family_knobs():
     (dict(attention_backend="fastest"), "attention_backend must be one of"),
     (dict(attention_backend="efficient", context_parallel_size=2), "has no ring attention block kernel"),
     (dict(factorized_context_parallel_chunks=0), "factorized_context_parallel_chunks must be an int >= 1"),
+    (dict(context_parallel_a2a_chunks=0), "context_parallel_a2a_chunks must be an int >= 1"),
+    (dict(context_parallel_a2a_chunks=2, context_parallel_size=2), "needs context_parallel_size > 1 and "
+                                                                   "context_parallel_kind='a2a'"),
     (dict(factorized_context_parallel_chunks=2), "needs context_parallel_size > 1 and factorized_context_parallel="),
     (dict(factorized_context_parallel_chunks=2, context_parallel_size=2, factorized_context_parallel="ring"),
      "needs context_parallel_size > 1 and factorized_context_parallel="),

@@ -67,6 +67,10 @@ def test_a_knob_the_family_does_not_read_fails_naming_it():
             family_spec(_config("wan")))
     knobs = VFMParallelStrategy(factorized_context_parallel_chunks=2, context_parallel_size=2).family_knobs(spec)
     assert knobs["factorized_context_parallel_chunks"] == 2
+    a2a = dict(context_parallel_a2a_chunks=2, context_parallel_size=2, context_parallel_kind="a2a")
+    with pytest.raises(ValueError, match=r"does not read context_parallel_a2a_chunks=2"):  # its cores do not pipeline
+        VFMParallelStrategy(**a2a).family_knobs(spec)
+    assert VFMParallelStrategy(**a2a).family_knobs(family_spec(_config("wan")))["context_parallel_a2a_chunks"] == 2
 
 
 def test_stdit_head_groups_must_divide_the_heads_per_tp_rank():

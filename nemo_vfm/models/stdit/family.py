@@ -85,7 +85,7 @@ def install_cp(blocks, pmesh: ParallelMesh, attention_backend: str, factorized_c
 
 _FACTORIZED = frozenset({"factorized_context_parallel", "factorized_context_parallel_chunks"})
 SPEC = FamilySpec(name="stdit", config=STDiTConfig, check_layout=check_layout,
-                  knobs=(DENSE_KNOBS - {"fuse_qkv"}) | _FACTORIZED,
+                  knobs=(DENSE_KNOBS - {"fuse_qkv", "context_parallel_a2a_chunks"}) | _FACTORIZED,
                   layout_knobs=_FACTORIZED,
                   tp_plan=TP_PLAN, tp_optional=TP_OPTIONAL, sp_input_arity=SP_INPUT_ARITY, token_split=TOKEN_SPLIT,
                   pad_tokens=False, install_cp=install_cp, tp_partial=TP_PARTIAL, pp_duplicated=PP_DUPLICATED,
