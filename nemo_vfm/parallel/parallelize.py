@@ -155,7 +155,6 @@ def _apply(
     tok = None
     if (d.cp > 1 or d.sequence_parallel) and not blocks_only:
         tok = TokenParallel(pmesh, pad=spec.pad_tokens, plan=spec.token_split)
-        install_token_hooks(model, tok)
         model.vfm_token_parallel = tok  # gathers a block's token-local output (DMD2's GAN features) as the output's
     moe_layers = _prepare_moe(spec, owned, pmesh, tok)
     if float8:
@@ -166,6 +165,8 @@ def _apply(
                 block.attn.fuse_qkv = fuse_qkv
     apply_activation_checkpointing(blocks, activation_checkpointing, activation_checkpointing_every,
                                    count=activation_checkpointing_blocks)
+    if tok is not None:  # on the checkpoint wrappers: the hooks' bookkeeping stays out of the checkpointed region,
+        install_token_hooks(model, tok)  # where torch.compile cannot trace it (it ran the whole block eager)
     if compile:
         compile_blocks(blocks)
     if d.fsdp or cpu_offload:

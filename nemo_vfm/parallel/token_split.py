@@ -210,8 +210,10 @@ class TokenParallel:
 
 
 def install_token_hooks(model: nn.Module, tok: TokenParallel) -> None:
+    """Forward hooks that split a block's token arguments before it runs (on the outer module: a checkpointed block's
+    wrapper, so the split runs once, outside the recomputed region) and gather the final layer's output."""
     blocks = list(model.blocks)
-    sig = inspect.signature(blocks[0].forward)
+    sig = inspect.signature(getattr(blocks[0], "_checkpoint_wrapped_module", blocks[0]).forward)
     missing = [n for n in tok.plan.names() if n not in sig.parameters]
     if missing:  # a renamed block argument would otherwise stop being split, silently
         raise ValueError(f"the token-split plan names block argument(s) {missing}, which "
