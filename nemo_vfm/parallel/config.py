@@ -37,7 +37,9 @@ class ParallelConfig:
     context_parallel_a2a_chunks: int = 1
     """``a2a`` with N > 1: a CP rank's attention heads in N groups, each group's all-to-alls overlapping another
     group's attention, forward and backward (N divides heads per TP rank / CP; families with plain self-attention
-    cores: DiT, Wan, Cosmos, MovieGen)."""
+    cores: DiT, Wan, Cosmos, MovieGen). The pipeline runs outside torch.compile (NCCL orders a collective after the
+    compute issued before it, so the issue order is what overlaps them): a compiled checkpointed block breaks its
+    graph there and runs its checkpoint eager."""
     factorized_context_parallel: str = "hybrid"
     """ST-DiT under CP: spatial attention is local; temporal by all-to-all (``hybrid``) or by ring (``ring``)."""
     factorized_context_parallel_chunks: int = 1
