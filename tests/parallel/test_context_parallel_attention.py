@@ -69,3 +69,36 @@ def test_head_groups_must_divide_a_ranks_heads_before_anything_is_built():
     pmesh = SimpleNamespace(dims=ParallelDims(world_size=2, cp=2, cp_kind="a2a"))  # 4 heads a rank
     with pytest.raises(ValueError, match=r"context_parallel_a2a_chunks=3 must divide the 4 attention heads"):
         parallelize(DiT(cfg), pmesh, spec=family_spec(cfg), context_parallel_a2a_chunks=3)
+
+
+def _schedule_worker(rank, world):
+    from nemo_vfm.parallel import context_parallel as cpm
+
+    events = []
+    a2a = dist.all_to_all_single
+
+    def attend(q, k, v, mask):
+        events.append("attend")
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out.register_hook(lambda g: events.append("attend backward"))  # its gradient arrived: backward next
+        return out
+
+    dist.all_to_all_single = lambda *a, **k: events.append("a2a" if k.get("async_op") else "a2a (waited)") or a2a(*a, **k)
+    try:
+        q, k, v = (torch.randn(1, 4, 4, 8, requires_grad=True) for _ in range(3))  # 2 heads a rank, in 2 groups
+        out = cpm.ulysses_attention(q, k, v, dist.group.WORLD, inner=attend, chunks=2)
+        forward = list(events)
+        out.sum().backward()
+    finally:
+        dist.all_to_all_single = a2a
+    return forward, events[len(forward):]
+
+
+def test_head_groups_start_every_all_to_all_before_waiting():
+    """``chunks=2``, forward: both groups' q/k/v all-to-alls are in flight before the first group attends, and each
+    group's output starts back before the next group attends. Backward: both output-gradient all-to-alls start before
+    the last group's attention backward, whose q/k/v-gradient all-to-all starts before the first group's (NCCL orders
+    a collective after the compute issued before it: the issue order is the overlap)."""
+    for forward, backward in run_distributed(_schedule_worker, 2):
+        assert forward == ["a2a", "a2a", "attend", "a2a", "attend", "a2a"], forward
+        assert backward == ["a2a", "a2a", "attend backward", "a2a", "attend backward", "a2a"], backward
