@@ -165,8 +165,8 @@ def _apply(
                 block.attn.fuse_qkv = fuse_qkv
     apply_activation_checkpointing(blocks, activation_checkpointing, activation_checkpointing_every,
                                    count=activation_checkpointing_blocks)
-    if tok is not None:  # on the checkpoint wrappers: the hooks' bookkeeping stays out of the checkpointed region,
-        install_token_hooks(model, tok)  # where torch.compile cannot trace it (it ran the whole block eager)
+    if tok is not None:  # on the checkpoint wrappers: the hooks' bookkeeping stays out of the checkpointed region
+        install_token_hooks(model, tok)  # (inside it, Dynamo cannot trace the checkpoint and runs it eager)
     if compile:
         compile_blocks(blocks)
     if d.fsdp or cpu_offload:
