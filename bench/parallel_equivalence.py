@@ -39,18 +39,25 @@ LAYOUTS = {
         "CP2 all-to-all": dict(cp=2, cp_kind="a2a"), "PP2 1F1B": dict(pp=2),
         "PP2 interleaved": dict(pp=2, pp_schedule="interleaved"), "FSDP2": dict(),
         "DP2 (no FSDP)": dict(dp_replicate=2, dp_shard=1), "FSDP2 + full AC": dict(activation_checkpointing="full"),
+        "CP2 all-to-all, compiled + save_attention AC": dict(cp=2, cp_kind="a2a", compile=True,
+                                                            activation_checkpointing="save_attention"),
+        "CP2 all-to-all, 2 head groups, compiled + save_attention AC": dict(
+            cp=2, cp_kind="a2a", compile=True, activation_checkpointing="save_attention", context_parallel_a2a_chunks=2),
     },
     4: {
         "TP2xCP2": dict(tp=2, cp=2), "SP+TP2xCP2 all-to-all": dict(tp=2, cp=2, sequence_parallel=True, cp_kind="a2a"),
         "FSDP2xTP2": dict(tp=2), "PP2xTP2 (SP)": dict(pp=2, tp=2, sequence_parallel=True), "PP2xFSDP2": dict(pp=2),
         "PP2xCP2": dict(pp=2, cp=2), "HSDP 2x2": dict(dp_replicate=2, dp_shard=2), "CP4 ring": dict(cp=4),
         "TP4 (SP)": dict(tp=4, sequence_parallel=True), "FSDP4": dict(),
+        "SP+TP2xCP2 all-to-all, compiled + save_attention AC": dict(
+            tp=2, cp=2, sequence_parallel=True, cp_kind="a2a", compile=True, activation_checkpointing="save_attention"),
     },
 }
 EXTRA = {  # layouts that only the packed / padded problems add
     2: {},
     4: {"SP+TP2xCP2 ring": dict(tp=2, cp=2, sequence_parallel=True), "CP4 all-to-all": dict(cp=4, cp_kind="a2a")},
 }
+KNOBS = ("activation_checkpointing", "compile", "context_parallel_a2a_chunks")  # parallelize's, not ParallelDims'
 PADDED_LATENT = (3, 6, 10)  # patch (1, 2, 2): 45 tokens
 TOL = {"loss": 1e-4, "norm": 1e-4, "grads": 1e-3, "params": 1e-4}
 
@@ -88,7 +95,7 @@ def main() -> int:
     ref = E.run_reference(cfg, problem, steps=args.steps, device=device) if rank == 0 else None
     rows = []
     for name, kw in layouts.items():
-        extra = {k: kw.pop(k) for k in list(kw) if k == "activation_checkpointing"}
+        extra = {k: kw.pop(k) for k in list(kw) if k in KNOBS}
         t = time.time()
         got = E.run_layout(cfg, problem, ParallelDims(world_size=world, **kw), steps=args.steps, device=device, **extra)
         gathered = [None] * world
