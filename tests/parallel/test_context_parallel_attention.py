@@ -2,6 +2,7 @@
 
 import torch
 import torch.distributed as dist
+from collective_log import logged_all_to_alls
 from gloo_launcher import run_distributed
 
 
@@ -75,7 +76,6 @@ def _schedule_worker(rank, world):
     from nemo_vfm.parallel import context_parallel as cpm
 
     events = []
-    a2a = dist.all_to_all_single
 
     def attend(q, k, v, mask):
         events.append("attend")
@@ -83,14 +83,11 @@ def _schedule_worker(rank, world):
         out.register_hook(lambda g: events.append("attend backward"))  # its gradient arrived: backward next
         return out
 
-    dist.all_to_all_single = lambda *a, **k: events.append("a2a" if k.get("async_op") else "a2a (waited)") or a2a(*a, **k)
-    try:
+    with logged_all_to_alls(events):
         q, k, v = (torch.randn(1, 4, 4, 8, requires_grad=True) for _ in range(3))  # 2 heads a rank, in 2 groups
         out = cpm.ulysses_attention(q, k, v, dist.group.WORLD, inner=attend, chunks=2)
         forward = list(events)
         out.sum().backward()
-    finally:
-        dist.all_to_all_single = a2a
     return forward, events[len(forward):]
 
 

@@ -9,6 +9,7 @@ import importlib
 import pytest
 import torch
 import torch.distributed as dist
+from collective_log import logged_all_to_alls
 from gloo_launcher import run_distributed
 
 from bench import equivalence as E
@@ -162,16 +163,11 @@ def _switch_worker(rank, world):
     for name, mode, chunks in (("hybrid", "hybrid", 1), ("hybrid, 3 chunks", "hybrid", 3), ("ring", "ring", 1)):
         for x in loc:
             x.grad = None
-        calls = []
-        a2a = dist.all_to_all_single
-        dist.all_to_all_single = lambda *a, calls=calls, a2a=a2a, **k: calls.append(k.get("async_op", False)) or a2a(*a, **k)
-        try:
+        with logged_all_to_alls([]) as calls:
             got = FactorizedCPCore(group, FactorizedCore("temporal"), mode, chunks=chunks)(*loc, hw)
             w = torch.arange(ref.numel()).view_as(ref).sin().chunk(world, dim=2)[rank]
             (got * w).sum().backward()
-        finally:
-            dist.all_to_all_single = a2a
-        out[name] = {"all_to_alls": len(calls), "async": all(calls) and bool(calls),
+        out[name] = {"all_to_alls": len(calls), "async": bool(calls) and set(calls) == {"a2a"},
             "out": (got - ref.detach().chunk(world, dim=2)[rank]).abs().max().item(),
             "grad": max((x.grad - g.chunk(world, dim=2)[rank]).abs().max().item() for x, g in zip(loc, ref_grads)),
         }
@@ -194,7 +190,6 @@ def _schedule_worker(rank, world):
     from nemo_vfm.parallel.hybrid_cp import FactorizedCPCore
 
     events = []
-    a2a = dist.all_to_all_single
 
     class Recorded(FactorizedCore):
         def forward(self, *a, **k):
@@ -203,14 +198,11 @@ def _schedule_worker(rank, world):
             out.register_hook(lambda g: events.append("attend backward"))  # its gradient arrived: backward next
             return out
 
-    dist.all_to_all_single = lambda *a, **k: events.append("a2a") or a2a(*a, **k)
-    try:
+    with logged_all_to_alls(events):
         q, k, v = (torch.randn(1, 4, 2 * 4, 8, requires_grad=True) for _ in range(3))  # 2 local frames of 4 tokens
         out = FactorizedCPCore(dist.group.WORLD, Recorded("temporal"), "hybrid", chunks=2)(q, k, v, 4)
         forward = list(events)
         out.sum().backward()
-    finally:
-        dist.all_to_all_single = a2a
     return forward, events[len(forward):]
 
 
