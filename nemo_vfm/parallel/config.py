@@ -155,20 +155,17 @@ class ParallelConfig:
                              f"context_parallel_kind='ring' use one of {ring} (or context_parallel_kind='a2a').")
 
     def _check_chunks(self) -> None:
-        a = self.context_parallel_a2a_chunks
-        if not isinstance(a, int) or isinstance(a, bool) or a < 1:
-            raise ValueError(f"context_parallel_a2a_chunks must be an int >= 1, got {a!r}.")
-        if a > 1 and (self.context_parallel_size == 1 or self.context_parallel_kind != "a2a"):
-            raise ValueError(f"context_parallel_a2a_chunks={a} pipelines the all-to-alls of all-to-all context "
-                             f"parallelism: it needs context_parallel_size > 1 and context_parallel_kind='a2a' (got "
-                             f"{self.context_parallel_size} and {self.context_parallel_kind!r}); set it to 1.")
-        n = self.factorized_context_parallel_chunks
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"factorized_context_parallel_chunks must be an int >= 1, got {n!r}.")
-        if n > 1 and (self.context_parallel_size == 1 or self.factorized_context_parallel != "hybrid"):
-            raise ValueError(f"factorized_context_parallel_chunks={n} pipelines the all-to-alls of hybrid context "
-                             f"parallelism: it needs context_parallel_size > 1 and factorized_context_parallel='hybrid' "
-                             f"(got {self.context_parallel_size} and {self.factorized_context_parallel!r}); set it to 1.")
+        """The head-group pipelines: an int >= 1, > 1 only where their all-to-alls run."""
+        for name, what, mode, want in (
+                ("context_parallel_a2a_chunks", "all-to-all", "context_parallel_kind", "a2a"),
+                ("factorized_context_parallel_chunks", "hybrid", "factorized_context_parallel", "hybrid")):
+            n, got = getattr(self, name), getattr(self, mode)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {n!r}.")
+            if n > 1 and (self.context_parallel_size == 1 or got != want):
+                raise ValueError(f"{name}={n} pipelines the all-to-alls of {what} context parallelism: it needs "
+                                 f"context_parallel_size > 1 and {mode}={want!r} (got {self.context_parallel_size} "
+                                 f"and {got!r}); set it to 1.")
 
     def _check_comm(self) -> None:
         if self.comm_buffers not in COMM_BUFFERS:
