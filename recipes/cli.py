@@ -61,10 +61,12 @@ def memory_overrides(argv: list[str]) -> tuple[str, ...]:
 
 def keep_memory_knobs(recipe, names: tuple[str, ...]):
     """Add ``names`` to the recipe's ``trainer.memory_budget_keep``: a memory knob the user set stays as set under
-    ``trainer.memory_budget_gb`` (the budget chooses the others). Returns ``recipe``."""
-    if names:
-        kept = tuple(recipe.trainer.memory_budget_keep or ())
-        recipe.trainer.memory_budget_keep = tuple(dict.fromkeys((*kept, *names)))
+    ``trainer.memory_budget_gb`` (the budget chooses the others; a recipe without one, e.g. the tokenizer's, is left
+    as it is). Returns ``recipe``."""
+    trainer = getattr(recipe, "trainer", None)
+    if names and trainer is not None:
+        kept = tuple(trainer.memory_budget_keep or ())
+        trainer.memory_budget_keep = tuple(dict.fromkeys((*kept, *names)))
     return recipe
 
 

@@ -120,3 +120,12 @@ def test_a_memory_knob_set_on_the_command_line_stays_under_the_budget(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "trainer.strategy.activation_checkpointing=none" in r.stdout
     assert "activation_checkpointing: none" in (tmp_path / "chosen" / "quickstart" / "config.yaml").read_text()
+
+
+def test_a_memory_knob_override_on_a_recipe_without_a_trainer_is_a_bad_override():
+    """The tokenizer's recipe has no ``trainer``: ``optim.name=...`` there is nemo-run's bad-override error (exit 2),
+    not a traceback from keeping it under a memory budget."""
+    r = subprocess.run([sys.executable, str(ROOT / "launchers" / "train_tokenizer.py"), "--factory", "tokenizer_tiny",
+                        "--yes", "--dryrun", "optim.name=adamw"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.stdout + r.stderr)[-2000:]
+    assert "Invalid attribute 'optim'" in r.stdout + r.stderr and "Traceback" not in r.stderr
