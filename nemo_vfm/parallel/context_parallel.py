@@ -12,7 +12,9 @@ Pieces (all autograd-aware, all work on gloo and NCCL):
   are merged with their log-sum-exp. The backward sends key/value blocks around again, together
   with their gradient accumulators, which arrive home after the last step.
 - :func:`ulysses_attention`: all-to-all from (all heads, local tokens) to (local heads, all
-  tokens), ordinary attention, and back. Needs heads divisible by CP.
+  tokens), ordinary attention, and back (q, k and v in one all-to-all). Needs heads divisible by CP.
+  ``chunks > 1`` pipelines head groups: their all-to-alls, started by :func:`start_all_to_all`,
+  overlap other groups' attention.
 - Packed (THD) batches: pass ``segment_ids`` (B, S_local) int (see :func:`segment_ids_from_cu_seqlens`);
   tokens attend only within their segment, across all CP ranks.
 
