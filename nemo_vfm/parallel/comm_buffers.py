@@ -43,7 +43,7 @@ def set_cta_policy(policy: str) -> None:
 def symmetric_empty(numel: int, dtype: torch.dtype, device: torch.device, group) -> torch.Tensor:
     """An uninitialised ``(numel,)`` tensor in NCCL symmetric memory, registered with every rank of ``group``
     (a collective over ``group``). Raises where the backend is not NCCL."""
-    _check_nccl(group)
+    check_nccl(group)
     buf = _pool_empty((numel,), dtype, device)
     _register(buf, group)
     return buf
@@ -86,7 +86,8 @@ class SymmetricReduceScatter:
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
-def _check_nccl(group) -> None:
+def check_nccl(group) -> None:
+    """Raise unless ``group`` runs on NCCL (symmetric memory is NCCL's)."""
     if dist.get_backend(group) != "nccl":
         raise ValueError(f"comm_buffers='symmetric' is NCCL symmetric memory; this group's backend is "
                          f"{dist.get_backend(group)!r} (train on CUDA devices, or set comm_buffers='default').")
@@ -110,7 +111,7 @@ def _register(tensor: torch.Tensor, group) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
     if group.group_name not in _READY:  # once per group: the backend, then its communicator
-        _check_nccl(group)
+        check_nccl(group)
         dist.barrier(group=group)  # creates the group's communicator before the first registration
         _READY.add(group.group_name)
     symm_mem.rendezvous(tensor, group=group.group_name)

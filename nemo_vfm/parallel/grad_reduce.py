@@ -44,9 +44,10 @@ class GradReducer:
         # aborted the process now and then when launched from backward hooks: there each bucket is reduced
         # synchronously inside its hook (same buckets, same order, no overlap).
         self.nccl = dist.get_backend(group) == "nccl"
-        if symmetric and not self.nccl:
-            raise ValueError(f"symmetric gradient buckets are NCCL symmetric memory; this group's backend is "
-                             f"{dist.get_backend(group)!r} (train on CUDA devices, or set comm_buffers='default').")
+        if symmetric:
+            from nemo_vfm.parallel.comm_buffers import check_nccl
+
+            check_nccl(group)
         self.symmetric = symmetric
         self._buffers: dict[int, torch.Tensor] = {}  # symmetric: bucket -> its registered buffer
         self.enabled = True
