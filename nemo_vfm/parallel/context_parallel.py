@@ -13,8 +13,8 @@ Pieces (all autograd-aware, all work on gloo and NCCL):
   with their gradient accumulators, which arrive home after the last step.
 - :func:`ulysses_attention`: all-to-all from (all heads, local tokens) to (local heads, all
   tokens), ordinary attention, and back (q, k and v in one all-to-all). Needs heads divisible by CP.
-  ``chunks > 1`` pipelines head groups: their all-to-alls, started by :func:`start_all_to_all`,
-  overlap other groups' attention.
+  ``chunks > 1`` pipelines head groups: their all-to-alls (:func:`pipelined_all_to_all`) overlap
+  other groups' attention.
 - Packed (THD) batches: pass ``segment_ids`` (B, S_local) int (see :func:`segment_ids_from_cu_seqlens`);
   tokens attend only within their segment, across all CP ranks.
 
@@ -318,16 +318,21 @@ class _Finish(torch.autograd.Function):
         return p.grad, None, None
 
 
-def start_all_to_all(x: torch.Tensor, group) -> tuple[torch.Tensor, _Pending]:
-    """Start the all-to-all of ``x`` over dim 0 without waiting: ``(buffer, pending)`` for :func:`finish_all_to_all`,
-    which returns the buffer filled. Autograd-aware: the gradient's all-to-all overlaps in backward the same way."""
+@torch.compiler.disable  # its all-to-alls are started and waited for apart: no graph to capture
+def pipelined_all_to_all(sends: list[torch.Tensor], group, step) -> list[torch.Tensor]:
+    """Each of ``sends`` through an all-to-all over dim 0 and back, pipelined: every send's all-to-all starts at
+    once; then, in order, each received tensor goes through ``step`` and its result starts back while the later
+    ones are still in flight; returns what came back, in order. Autograd-aware: backward starts the gradients'
+    all-to-alls in the mirror order (NCCL orders a collective after the compute issued before it, so the issue
+    order is the overlap)."""
+    started = [_start(x, group) for x in sends]
+    back = [_start(step(_Finish.apply(buf, group, pending)), group) for buf, pending in started]
+    return [_Finish.apply(buf, group, pending) for buf, pending in back]
+
+
+def _start(x: torch.Tensor, group) -> tuple[torch.Tensor, _Pending]:
     pending = _Pending()
     return _Start.apply(x, group, pending), pending
-
-
-def finish_all_to_all(buf: torch.Tensor, pending: _Pending, group) -> torch.Tensor:
-    """Wait for :func:`start_all_to_all`'s all-to-all; returns its output."""
-    return _Finish.apply(buf, group, pending)
 
 
 # The layout switches of all-to-all attention as (send layout) -> all-to-all over dim 0 -> (receive layout).
@@ -369,7 +374,6 @@ def _heads_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     return _out_recv([_AllToAll.apply(_out_send(x, dist.get_world_size(group)), group)])
 
 
-@torch.compiler.disable  # its all-to-alls are started and waited for apart: no graph to capture
 def _pipelined(q, k, v, group, attend, chunks: int) -> torch.Tensor:
     """All-to-all attention with each rank's heads in ``chunks`` groups: every group's q/k/v all-to-all starts
     first, then each group attends (``attend(q, k, v)`` on ``(B, H/(n*chunks), S, D)``) while the later groups'
@@ -381,11 +385,8 @@ def _pipelined(q, k, v, group, attend, chunks: int) -> torch.Tensor:
         raise ValueError(f"context_parallel_a2a_chunks={chunks} must divide the {h} attention heads of a "
                          f"context-parallel rank (heads per tensor-parallel rank / cp); choose a divisor of {h}.")
     hc = h // chunks
-    started = [start_all_to_all(_qkv_send(q, k, v, n, slice(i * hc, (i + 1) * hc)), group) for i in range(chunks)]
-    outs = []
-    for buf, pending in started:
-        outs.append(start_all_to_all(_out_send(attend(*_qkv_recv(finish_all_to_all(buf, pending, group))), n), group))
-    return _out_recv([finish_all_to_all(buf, pending, group) for buf, pending in outs])
+    sends = [_qkv_send(q, k, v, n, slice(i * hc, (i + 1) * hc)) for i in range(chunks)]
+    return _out_recv(pipelined_all_to_all(sends, group, lambda y: _out_send(attend(*_qkv_recv(y)), n)))
 
 
 def ulysses_attention(

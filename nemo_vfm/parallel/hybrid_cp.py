@@ -149,7 +149,6 @@ class FactorizedCPCore(nn.Module):
         out = cpl.ring_attention(fold(q), fold(k), fold(v), self.group, backend=self.backend)
         return out.reshape(b, hw, hn, s // hw, dh).permute(0, 2, 3, 1, 4).reshape(b, hn, s, dh)
 
-    @torch.compiler.disable  # its all-to-alls are started and waited for apart: no graph to capture
     def _pipelined(self, q, k, v, hw: int) -> torch.Tensor:
         """Hybrid temporal attention with the heads in ``chunks`` groups: every group's q/k/v all-to-all starts
         first, then each group attends while the later groups' all-to-alls run (and the earlier groups' outputs
@@ -160,12 +159,9 @@ class FactorizedCPCore(nn.Module):
         if hn % self.chunks:
             raise ValueError(f"chunks={self.chunks} must divide the {hn} attention heads of this rank.")
         parts = torch.cat((q, k, v)).chunk(self.chunks, dim=1)  # (3B, Hn/chunks, S_local, Dh) each
-        started = [cpl.start_all_to_all(_f2l_send(x, hw, n), self.group) for x in parts]
-        outs = []
-        for buf, pending in started:
-            qc, kc, vc = _f2l_recv(cpl.finish_all_to_all(buf, pending, self.group)).chunk(3)
-            outs.append(cpl.start_all_to_all(_l2f_send(self.inner(qc, kc, vc, hw // n), hw, n), self.group))
-        return torch.cat([_l2f_recv(cpl.finish_all_to_all(buf, pending, self.group)) for buf, pending in outs], dim=1)
+        back = cpl.pipelined_all_to_all([_f2l_send(x, hw, n) for x in parts], self.group,
+                                        lambda y: _l2f_send(self.inner(*_f2l_recv(y).chunk(3), hw // n), hw, n))
+        return torch.cat([_l2f_recv(y) for y in back], dim=1)
 
 
 def replace_factorized_cores(blocks, group, mode: str = "hybrid", *, paths=("spatial_attn.core", "temporal_attn.core"),
