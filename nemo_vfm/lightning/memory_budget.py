@@ -5,8 +5,8 @@
 ``trainer.memory_budget_gb="auto"``: the budget is this rank's GPU memory (:func:`device_memory_gib`; on the CPU the
 knobs stay as set).
 
-What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_attention / selective / full; a count
-of checkpointed blocks, ``activation_checkpointing_blocks``, only where the run sets one: it is estimated, not searched),
+What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_attention / selective / full; for full and
+save_attention every block or the fewest blocks that fit, ``activation_checkpointing_blocks``),
 ``lora.frozen_dtype`` (None / bf16 / fp8; LoRA under a ``*-mixed`` precision), ``trainer.strategy.activation_offload``,
 ``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
 ``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
@@ -60,6 +60,7 @@ autocast ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT`` (not measured one by one).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib.util
 import itertools
@@ -300,15 +301,15 @@ def options(w: Workload, fixed: dict, *, mixed_precision: bool = True, torchao: 
     """The values tried per knob. ``fixed`` (knob -> value: what the user set) is kept. ``strategy=False``: no
     ``VFMParallelStrategy`` carries the strategy knobs; ``offload=False``: the layout takes no offloading (pipeline
     parallelism); ``fsdp``: cpu_offload applies. Block swapping needs unsharded weights (``w.model_shards == 1``).
-    ``block_swap`` ``None``: 0, then the fewest blocks that fit. ``activation_checkpointing_blocks``: every block
-    (None) unless ``fixed`` says otherwise (:func:`plan_memory_budget` adds the run's count as a candidate: the
-    chooser does not search counts itself, the partial plans are not measured on GPUs yet)."""
+    ``block_swap`` ``None``: 0, then the fewest blocks that fit. ``activation_checkpointing_blocks`` ``None``: for
+    ``full`` and ``save_attention``, every block, and the fewest checkpointed blocks that fit without block swapping
+    (:func:`_ac_blocks`)."""
     unknown = set(fixed) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"unknown memory knobs {sorted(unknown)}; the knobs are {sorted(DEFAULTS)}")
     offload = offload and strategy
     opts = {"activation_checkpointing": AC_MODES if strategy else ("none",),
-            "activation_checkpointing_blocks": (None,),
+            "activation_checkpointing_blocks": None,
             "frozen_dtype": (None, "bf16", "fp8") if w.lora and mixed_precision else (None,),
             "activation_offload": (False, True) if offload else (False,),
             "block_swap": None if w.lora and offload and w.model_shards == 1 else (0,),
@@ -327,9 +328,19 @@ def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[in
     return 0, next((k for k in range(1, n + 1) if estimate_gib(w, dataclasses.replace(s, block_swap=k)) <= budget_gib), n)
 
 
-def _ac_blocks(s: MemorySettings, tried) -> tuple[int | None, ...]:
-    """The ``activation_checkpointing_blocks`` values of ``tried`` that the mode of ``s`` reads (None: every block)."""
-    return tuple(n for n in tried if n is None or s.activation_checkpointing in BLOCKWISE)
+def _ac_blocks(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[int | None, ...]:
+    """``activation_checkpointing_blocks`` values for ``s``: those of ``tried`` that its mode reads (None: every
+    block); ``tried`` None: every block and, for ``full`` / ``save_attention``, the fewest checkpointed blocks whose
+    estimate fits (the estimate falls as blocks are checkpointed; measured on DiT-7B at 74k tokens, docs/benchmarks.md
+    section 8: each block left un-checkpointed saves its recomputation)."""
+    if tried is not None:
+        return tuple(n for n in tried if n is None or s.activation_checkpointing in BLOCKWISE)
+    if s.activation_checkpointing not in BLOCKWISE:
+        return (None,)
+    counts = range(1, len(w.blocks))
+    k = bisect.bisect_left(counts, True, key=lambda n: estimate_gib(w, dataclasses.replace(
+        s, activation_checkpointing_blocks=n)) <= budget_gib)
+    return (None,) if k == len(counts) else (None, counts[k])
 
 
 def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None,
@@ -343,7 +354,7 @@ def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings |
     scored = []
     for combo in itertools.product(*(opts[k] for k in base)):
         s = MemorySettings(**dict(zip(base, combo)))
-        for blocks in _ac_blocks(s, opts["activation_checkpointing_blocks"]):
+        for blocks in _ac_blocks(w, s, fit, opts["activation_checkpointing_blocks"]):
             partial = dataclasses.replace(s, activation_checkpointing_blocks=blocks)
             for n in _swaps(w, partial, fit, opts["block_swap"]):
                 c = dataclasses.replace(partial, block_swap=n)
@@ -418,8 +429,6 @@ def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=No
     opts = options(w, {k: getattr(current, k) for k in keep}, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None if torchao is None else torchao,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)
-    if current.activation_checkpointing_blocks is not None and "activation_checkpointing_blocks" not in keep:
-        opts["activation_checkpointing_blocks"] = (None, current.activation_checkpointing_blocks)  # the run's count
     if host_limit_gib == "this host":
         host_limit_gib = available_host_gib(int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or devices)
     return choose(w, budget_gb, opts, current, headroom=HEADROOM, host_limit_gib=host_limit_gib), current

@@ -158,12 +158,14 @@ def test_16_gib_takes_fp8_bases_and_block_swap_for_images(compile):
 
 
 def _all_candidates(w, opts):
-    """Every combination, every block_swap value included."""
+    """Every combination, every block_swap value included, and every count of checkpointed blocks where nothing is
+    swapped (the chooser searches counts without block swapping)."""
     knobs = [k for k in DEFAULTS if k not in ("block_swap", "activation_checkpointing_blocks")]
     swaps = opts["block_swap"] or range(len(w.blocks) + 1)
     for combo in itertools.product(*(opts[k] for k in knobs), swaps):
         s = MemorySettings(**dict(zip(knobs, combo[:-1])), block_swap=combo[-1])
-        counts = [k for k in opts["activation_checkpointing_blocks"] if s.activation_checkpointing in BLOCKWISE or k is None]
+        counts = opts["activation_checkpointing_blocks"] or (None, *(range(1, len(w.blocks)) if not s.block_swap else ()))
+        counts = [k for k in counts if s.activation_checkpointing in BLOCKWISE or k is None]
         yield from (dataclasses.replace(s, activation_checkpointing_blocks=k) for k in counts)
 
 
