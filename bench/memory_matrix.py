@@ -146,8 +146,9 @@ def short(settings: str) -> str:
 
 def grid(plans: list[dict], measured: list[dict]) -> str:
     """Markdown: one row per case, one column per budget. A measured cell (same case and budget) shows the run (bold
-    s/step, peak GiB); any other what the budget would choose ("plan:", estimates, not run), and, where a run of the
-    same case at another budget ran those very settings with a peak under this budget, that run."""
+    s/step, peak GiB), and what the budget takes now where that differs from what ran ("now:", not run); any other
+    what the budget would choose ("plan:", estimates, not run), and, where a run of the same case at another budget
+    ran those very settings with a peak under this budget, that run."""
     runs = {(r["case"], r["budget_gib"]): r for r in measured}
     by_cell = {(p["case"], p["budget_gib"]): p for p in plans}
     budgets = sorted({p["budget_gib"] for p in plans})
@@ -156,10 +157,13 @@ def grid(plans: list[dict], measured: list[dict]) -> str:
         cells = []
         for b in budgets:
             p, r = by_cell[(case, b)], runs.get((case, b))
+            now = "" if r is None or p["plan"] == chosen_settings(r) else (
+                f" (now: {short(p['plan'])}; est. {p['estimate_gib']:.1f} GiB, x{p['slowdown']:.2f}, not run)"
+                if p["plan"] is not None else " (now: nothing fits)")
             if r is not None and verdict(r).startswith("yes"):
-                cells.append(f"**{r['step_s']:.2f} s**, {r['peak_mem_gib']:.1f} GiB")
+                cells.append(f"**{r['step_s']:.2f} s**, {r['peak_mem_gib']:.1f} GiB{now}")
             elif r is not None:
-                cells.append(verdict(r))
+                cells.append(verdict(r) + now)
             elif p["plan"] is None:
                 cells.append(f"plan: nothing fits ({'host' if 'on this host' in p['why_not'] else 'GPU'} memory)")
             else:
@@ -267,7 +271,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def merge(files: list[Path], out: Path) -> None:
     """One matrix from several runs' JSON files (each row keeps the device, date and commit of its run), ordered as
-    :data:`CASES`, then by budget."""
+    :data:`CASES`, then by budget; a cell run in several files keeps the row of the file named last."""
     files = list(dict.fromkeys(f.resolve() for f in files))  # a file named twice counts once
     if out.resolve() in files:
         raise SystemExit(f"--out {out} is one of the --merge inputs: name another file")
@@ -276,6 +280,7 @@ def merge(files: list[Path], out: Path) -> None:
         run = json.loads(f.read_text())
         rows += [{**r, "device": run["device"], "date": run["date"], "commit": run["commit"], "source": f.name}
                  for r in run["results"]]
+    rows = list({(r["case"], r["budget_gib"]): r for r in rows}.values())  # the last file's row of a cell
     order = {name: i for i, name in enumerate(CASES)}
     rows.sort(key=lambda r: (order.get(r["case"], len(order)), r["budget_gib"]))
     out.write_text(json.dumps({"merged_from": [f.name for f in files], "results": rows}, indent=1) + "\n")
@@ -299,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--commit")
     p.add_argument("--out")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="combine the rows of earlier runs into --out (JSON, "
-                   "Markdown table and plot; nothing is run)")
+                   "Markdown table and plot; nothing is run; a cell in several files: the last file's row)")
     p.add_argument("--plan", action="store_true", help="nothing is run: what each budget would choose on a GPU "
                    "(estimates), beside the runs of --measured, as one grid")
     p.add_argument("--measured", help="with --plan: a (merged) matrix JSON whose runs fill their cells")

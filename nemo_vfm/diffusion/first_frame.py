@@ -14,6 +14,7 @@ Legend: B batch, C latent channels, T/H/W latent frames/height/width, S = (T/pt)
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -61,6 +62,8 @@ class FirstFrameFlowMatching(FlowMatching):
 
     patch_size: tuple[int, int, int] = (1, 2, 2)
     image_prob: float = 0.5
+    # every sample's times are per token (B, S), so the network's modulation is per token: the memory model counts it
+    token_timesteps: ClassVar[bool] = True
 
     def __post_init__(self):
         super().__post_init__()

@@ -36,6 +36,9 @@ block and outside the blocks:
   values per stream (ACT_PER_HIDDEN fitted to the measured selective-vs-full gap of Wan 1.3B LoRA on one H100,
   docs/finetuning.md, for Wan's two attentions; ``ACT_PER_ATTENTION`` more per further attention, not fitted);
   times the stream's ``activation_scale`` (Kandinsky 6 declares 1.13, a lower bound from an out-of-memory run);
+  a stream whose modulation is per token (``TokenStream.token_modulation``: Wan 2.2 TI2V-5B, whose objective gives
+  per-token times) ``TOKEN_MODULATION`` more (its fp32 modulation terms; fitted to a 5B LoRA run with 8 of 30 blocks
+  un-checkpointed at 27,280 tokens: 72.5 GiB against 55.2 estimated without the term, one H200, 2026-11-29);
   a checkpointed block its input (``save_attention``: also its attention output); a checkpointed run recomputes one
   block at a time; ``OUTSIDE_RESIDUALS`` token x hidden tensors live outside the blocks. ``activation_offload``:
   what two blocks keep stays on the GPU (and ``save_attention``'s attention outputs, kept by checkpointing).
@@ -60,7 +63,6 @@ autocast ``FP32_FROZEN``; ``adamw8bit`` ``ADAMW8BIT`` (not measured one by one).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import importlib.util
 import itertools
@@ -73,6 +75,7 @@ from nemo_vfm.lightning.memory_workload import Workload, workload
 
 GIB = 1024**3
 ACT_PER_HIDDEN = 14.0  # bf16 values per token and hidden unit an un-checkpointed Wan block keeps (fit, see above)
+TOKEN_MODULATION = 14.5  # bf16 values per token and hidden unit more under per-token modulation (fit, see above)
 ACT_PER_ATTENTION = 5.0  # of which one attention's share (modulated input, q, k, v, normed q / k, output): not fitted
 OUTSIDE_RESIDUALS = 4  # token x hidden bf16 tensors outside the blocks (embedding, head, residual gradient)
 OVERHEAD_GIB = 2.5  # CUDA context, cuBLAS/cuDNN workspaces (fit, see above)
@@ -148,8 +151,8 @@ def _kept_activations(w: Workload, settings: MemorySettings) -> tuple[list[float
     """Bytes each block keeps for backward under ``settings`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
     un-checkpointed block's (what a checkpointed block recomputes)."""
-    full = sum(s.tokens * (_act_per_hidden(s) * s.hidden_size + s.ffn_tensors * s.ffn_size) * s.activation_scale
-               for s in w.streams) * 2
+    full = sum(s.tokens * ((_act_per_hidden(s) + TOKEN_MODULATION * s.token_modulation) * s.hidden_size
+                           + s.ffn_tensors * s.ffn_size) * s.activation_scale for s in w.streams) * 2
     inp = sum(s.tokens * s.hidden_size for s in w.streams) * 2
     checkpointed = _checkpointed(w, settings)
     moved = [inp if c else full for c in checkpointed]
@@ -330,17 +333,16 @@ def _swaps(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[in
 
 def _ac_blocks(w: Workload, s: MemorySettings, budget_gib: float, tried) -> tuple[int | None, ...]:
     """``activation_checkpointing_blocks`` values for ``s``: those of ``tried`` that its mode reads (None: every
-    block); ``tried`` None: every block and, for ``full`` / ``save_attention``, the fewest checkpointed blocks whose
-    estimate fits (the estimate falls as blocks are checkpointed; measured on DiT-7B at 74k tokens, docs/benchmarks.md
-    section 8: each block left un-checkpointed saves its recomputation)."""
+    block); ``tried`` None: every block and, for ``full`` / ``save_attention``, the fastest count whose estimate fits
+    (without offloading the fewest: each block left un-checkpointed saves its recomputation, measured on DiT-7B at 74k
+    tokens, docs/benchmarks.md section 8; with activation offloading, what it moves to the host costs copies too)."""
     if tried is not None:
         return tuple(n for n in tried if n is None or s.activation_checkpointing in BLOCKWISE)
     if s.activation_checkpointing not in BLOCKWISE:
         return (None,)
-    counts = range(1, len(w.blocks))
-    k = bisect.bisect_left(counts, True, key=lambda n: estimate_gib(w, dataclasses.replace(
-        s, activation_checkpointing_blocks=n)) <= budget_gib)
-    return (None,) if k == len(counts) else (None, counts[k])
+    counts = [dataclasses.replace(s, activation_checkpointing_blocks=n) for n in range(1, len(w.blocks))]
+    fits = [c for c in counts if estimate_gib(w, c) <= budget_gib]
+    return (None, min(fits, key=lambda c: slowdown(w, c)).activation_checkpointing_blocks) if fits else (None,)
 
 
 def choose(w: Workload, budget_gib: float, opts: dict, current: MemorySettings | None = None,
@@ -425,7 +427,8 @@ def plan_memory_budget(budget_gb: float, *, model, data, trainer, optim, lora=No
     mixed = "mixed" in str(trainer.precision)
     w = workload(model, data, lora, model_shards=model_shards, token_shards=token_shards,
                  ac_every=cfg.activation_checkpointing_every, compile=compiled, autocast=mixed, ema=ema,
-                 streams=tuple(getattr(objective, "trained_streams", ("video",))))
+                 streams=tuple(getattr(objective, "trained_streams", ("video",))),
+                 token_timesteps=getattr(objective, "token_timesteps", False))
     opts = options(w, {k: getattr(current, k) for k in keep}, mixed_precision=mixed, strategy=carries,
                    torchao=importlib.util.find_spec("torchao") is not None if torchao is None else torchao,
                    offload=cfg.pipeline_model_parallel_size == 1, fsdp=cfg.fsdp and cfg.expert_model_parallel_size == 1)

@@ -86,7 +86,7 @@ def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
 
 def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shards: int = 1,
              ac_every: int = 2, compile: bool = False, autocast: bool = True, ema: bool = False,
-             streams: tuple[str, ...] = ("video",)) -> Workload:
+             streams: tuple[str, ...] = ("video",), token_timesteps: bool = False) -> Workload:
     """The :class:`Workload` of ``model_config`` on ``data`` (its ``latent_shape``, ``batch_size`` and
     ``max_seq_length``; ``audio_shape`` / ``reference_shape`` where it has them) for an objective that trains
     ``streams`` (``("video", "audio")``: a joint objective): the token streams and FLOPs of a sample as the family
@@ -101,6 +101,7 @@ def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shar
     _, t, h, w = data.latent_shape
     grid = tuple(n // p for n, p in zip((t, h, w), model_config.patch_size))
     clip = Clip(grid=grid, text_len=getattr(model_config, "text_len", 512), streams=tuple(streams),
+                token_timesteps=token_timesteps,
                 audio_shape=getattr(data, "audio_shape", None), reference_shape=getattr(data, "reference_shape", None))
     per_sample, flops = spec.memory_streams(model_config, clip, spec.flops)
     samples = data.batch_size * (max(1, data.max_seq_length // clip.video_tokens) if data.max_seq_length else 1)

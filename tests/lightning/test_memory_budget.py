@@ -21,7 +21,7 @@ from nemo_vfm.lightning.memory_budget import (
     workload,
 )
 from nemo_vfm.models.common.lora import LoRAConfig
-from nemo_vfm.models.wan.flavors import wan_config
+from nemo_vfm.models.wan.flavors import FIRST_FRAME, wan_config
 
 # bench/wan_step.py --mode lora: adapters on every attention and FFN linear, rank 32
 WAN_TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",
@@ -36,6 +36,12 @@ def _data(latent=LATENT_480P_81F, batch_size=1):
 
 def _lora(**kw):
     return LoRAConfig(rank=32, alpha=32.0, targets=WAN_TARGETS, **kw)
+
+
+def _wan(flavor, latent, lora):
+    """The workload of a Wan flavor's recipe: compiled blocks; Wan 2.2 TI2V-5B's objective gives per-token times."""
+    return workload(wan_config(flavor), _data(latent), _lora() if lora else None, compile=True,
+                    token_timesteps=flavor in FIRST_FRAME)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +75,12 @@ MEASURED = [  # flavor, lora, latent, settings, measured GiB
     ("t2v_1_3b", True, LATENT_720P_81F, dict(activation_checkpointing=SA, frozen_dtype="fp8"), 26.5),  # 32 GiB
     ("ti2v_5b", True, LATENT_5B_704P, dict(activation_checkpointing=FULL, frozen_dtype="fp8"), 20.0),  # 24 GiB
     ("ti2v_5b", True, LATENT_5B_704P, dict(activation_checkpointing=SA, frozen_dtype="bf16"), 27.7),  # 80 GiB
+    # one H200, 2026-11-29, counts of checkpointed blocks (bench/results/memory_matrix_*_h200_f27604d.json)
+    ("t2v_1_3b", True, LATENT_480P_81F, dict(activation_checkpointing=SA, activation_checkpointing_blocks=18,
+                                             frozen_dtype="bf16"), 39.9),  # 48 GiB
+    ("t2v_1_3b", False, LATENT_480P_81F, dict(activation_checkpointing=SA, activation_checkpointing_blocks=24), 38.9),
+    ("ti2v_5b", True, LATENT_5B_704P, dict(activation_checkpointing=SA, activation_checkpointing_blocks=22,
+                                           frozen_dtype="bf16"), 72.5),  # per-token modulation: 55.2 estimated before
 ]
 # Wan 14B LoRA at 720p (f8f9167): the peaks are 6.1% and 11.2% above the estimates, about the headroom (10% of the budget = 11.1%
 # of a fitting estimate); both runs fit the budget they were chosen for, the 48 GiB one by 0.6 GiB
@@ -77,19 +89,24 @@ UNDER_BY_ABOUT_THE_HEADROOM = [  # ..., the budget it ran at
     ("t2v_14b", True, LATENT_720P_81F, dict(activation_checkpointing=FULL, frozen_dtype="bf16", activation_offload=True,
                                             block_swap=12), 47.4, 48),
 ]
-# Full fine-tuning: over-estimated (the safe side), most under cpu_offload (f8f9167; 14B: bde64a9)
+# Over-estimated (the safe side): full fine-tuning, most under cpu_offload (f8f9167; 14B: bde64a9); 1.3B LoRA with 5 of
+# its 30 blocks un-checkpointed (one H200, f27604d)
 OVER_ESTIMATED = [
     ("t2v_1_3b", False, LATENT_720P_81F, dict(activation_checkpointing=SA), 36.4),  # 80 GiB
     ("t2v_1_3b", False, LATENT_480P_81F, dict(activation_checkpointing=SA, cpu_offload=True), 9.0),  # 24 GiB
     ("ti2v_5b", False, LATENT_5B_704P, dict(activation_checkpointing=SA, cpu_offload=True), 17.4),  # 80 GiB
     ("t2v_14b", False, LATENT_480P_81F, dict(activation_checkpointing=SA, cpu_offload=True), 34.0),  # 80 GiB
+    ("t2v_1_3b", False, LATENT_480P_81F, dict(activation_checkpointing=SA, activation_checkpointing_blocks=27,
+                                              cpu_offload=True), 15.0),  # 24 GiB
+    ("t2v_1_3b", True, LATENT_480P_81F, dict(activation_checkpointing=SA, activation_checkpointing_blocks=25,
+                                             frozen_dtype="bf16"), 22.8),  # 32 GiB
 ]
 
 
 @pytest.mark.parametrize("flavor,lora,latent,settings,measured", MEASURED)
 def test_estimates_match_the_measured_h100_peaks(flavor, lora, latent, settings, measured):
     """Within 6% below the measured peak (the headroom covers that) and 12% above it."""
-    w = workload(wan_config(flavor), _data(latent), _lora() if lora else None, compile=True)
+    w = _wan(flavor, latent, lora)
     est = estimate_gib(w, MemorySettings(**settings))
     assert -0.12 <= (measured - est) / est <= 0.06, est
 
@@ -98,7 +115,7 @@ def test_estimates_match_the_measured_h100_peaks(flavor, lora, latent, settings,
 def test_the_14b_720p_estimates_are_low_by_about_the_headroom(flavor, lora, latent, settings, measured, budget):
     """Peaks 6-12% above estimates that their budget takes (a known limit, docs/finetuning.md; that the recipe chose
     these settings there: tests/bench/test_memory_matrix.py)."""
-    w = workload(wan_config(flavor), _data(latent), _lora(), compile=True)
+    w = _wan(flavor, latent, True)
     est = estimate_gib(w, MemorySettings(**settings))
     assert est <= (1 - HEADROOM) * budget  # an estimate that the budget takes
     assert 0.06 < (measured - est) / est <= 0.12, est
@@ -106,7 +123,7 @@ def test_the_14b_720p_estimates_are_low_by_about_the_headroom(flavor, lora, late
 
 @pytest.mark.parametrize("flavor,lora,latent,settings,measured", OVER_ESTIMATED)
 def test_full_fine_tuning_is_over_estimated(flavor, lora, latent, settings, measured):
-    w = workload(wan_config(flavor), _data(latent), None, compile=True)
+    w = _wan(flavor, latent, lora)
     assert measured <= estimate_gib(w, MemorySettings(**settings)) <= 1.5 * measured  # 14-47% above, documented
 
 
@@ -115,6 +132,10 @@ def test_full_fine_tuning_is_over_estimated(flavor, lora, latent, settings, meas
 RAN_OUT = [
     ("t2v_1_3b", LATENT_720P_81F, 24, MemorySettings(activation_checkpointing=FULL, frozen_dtype="bf16"), 21.6 + 1.3),
     ("t2v_14b", LATENT_720P_81F, 80, MemorySettings(activation_checkpointing=FULL, frozen_dtype="fp8"), 65.8 + 2.0),
+    # Wan 2.2 TI2V-5B LoRA before its per-token modulation was counted (one H200, memory_matrix_wan22_5b*_h200_f27604d)
+    ("ti2v_5b", LATENT_5B_704P, 80, MemorySettings(activation_checkpointing=SA, activation_checkpointing_blocks=17,
+                                                   frozen_dtype="bf16"), 79.78 + 0.16),
+    ("ti2v_5b", LATENT_5B_704P, 139, MemorySettings(frozen_dtype="bf16"), 138.26 + 0.16),
 ]
 
 
@@ -122,13 +143,15 @@ RAN_OUT = [
 def test_estimates_cover_what_runs_that_ran_out_had_allocated(flavor, latent, budget, settings, allocated):
     """The 14B 720p settings are still chosen at 80 GiB (estimate 69.3 <= 72): what ran out there was fragmentation
     (11.5 GiB reserved but unallocated), which the expandable segments of a budget run address, not the estimate."""
-    w = workload(wan_config(flavor), _data(latent), _lora(), compile=True)
+    w = _wan(flavor, latent, True)
     assert (allocated - estimate_gib(w, settings)) / estimate_gib(w, settings) <= 0.06
 
 
-def test_the_1_3b_720p_settings_that_ran_out_of_24_gib_are_no_longer_chosen():
-    flavor, latent, budget, ran_out, _ = RAN_OUT[0]
-    w = workload(wan_config(flavor), _data(latent), _lora(), compile=True)
+@pytest.mark.parametrize("row", [0, 2, 3])
+def test_settings_that_ran_out_are_no_longer_chosen(row):
+    """1.3B at 720p in 24 GiB; Wan 2.2 TI2V-5B with 13 blocks un-checkpointed in 80 GiB and none in 139."""
+    flavor, latent, budget, ran_out, _ = RAN_OUT[row]
+    w = _wan(flavor, latent, True)
     assert choose(w, budget, options(w, {}), headroom=HEADROOM).settings != ran_out
 
 
@@ -349,10 +372,12 @@ def test_a_budget_on_cuda_switches_the_allocator_to_expandable_segments(monkeypa
 
 def test_the_report_names_the_recipe_knobs_it_kept(wan14b_lora):
     """At 48 GiB lora_wan_14b's bf16 base gives way to fp8 and save_attention to full: both are said; at 80 GiB
-    nothing changes, and the report says what stays (the first line alone would read "no memory knob changed")."""
+    only the count of checkpointed blocks changes, and the report says what stays (the first line alone names the
+    count)."""
     current = MemorySettings(activation_checkpointing="save_attention", frozen_dtype="bf16")
     r80 = choose(wan14b_lora, 80, options(wan14b_lora, {}), current, headroom=HEADROOM).report(80, current)
-    assert "no memory knob changed" in r80.splitlines()[0]
+    assert r80.splitlines()[0].startswith("memory budget 80 GiB: "
+                                          "trainer.strategy.activation_checkpointing_blocks=39 (")
     assert r80.splitlines()[1] == ("  kept as set: trainer.strategy.activation_checkpointing=save_attention, "
                                    "lora.frozen_dtype=bf16")
     r48 = choose(wan14b_lora, 48, options(wan14b_lora, {}), current, headroom=HEADROOM).report(48, current)
@@ -360,10 +385,13 @@ def test_the_report_names_the_recipe_knobs_it_kept(wan14b_lora):
 
 
 def test_recipe_values_stay_when_they_fit(wan14b_lora):
-    """lora_wan_14b's save_attention + bf16 bases at 80 GiB: the fastest that fits, so nothing changes."""
+    """lora_wan_14b's save_attention + bf16 bases at 80 GiB: they stay; what the estimate has room for is left
+    un-checkpointed (2 of the 40 blocks); with the count held (``keep``) nothing changes."""
     current = MemorySettings(activation_checkpointing="save_attention", frozen_dtype="bf16")
     s = choose(wan14b_lora, 80, options(wan14b_lora, {}), current).settings
-    assert s == current
+    assert s == dataclasses.replace(current, activation_checkpointing_blocks=38)
+    held = options(wan14b_lora, {"activation_checkpointing_blocks": None})
+    assert choose(wan14b_lora, 80, held, current).settings == current
 
 
 def test_train_chooses_before_anything_is_built(tmp_path):

@@ -30,7 +30,9 @@ class TokenStream:
     values (a Wan block: 2, self- and text attention; an LTX-2 block's video stream: 4, self, text, audio-to-video
     queries, video-to-audio keys). ``split``: context parallelism splits this stream's tokens (False: every CP rank
     holds all of them). ``activation_scale``: what an un-checkpointed block keeps of this stream, relative to the
-    Wan-fitted count (1.0), for a family measured to keep more (Kandinsky 6: a lower bound from an out-of-memory run)."""
+    Wan-fitted count (1.0), for a family measured to keep more (Kandinsky 6: a lower bound from an out-of-memory run).
+    ``token_modulation``: the block's adaLN modulation is per token (per-token timesteps, Wan 2.2 TI2V), so an
+    un-checkpointed block also keeps fp32 token x hidden modulation terms (``TOKEN_MODULATION`` in the memory model)."""
 
     name: str
     tokens: int  # per sample (per GPU and step in a Workload)
@@ -40,6 +42,7 @@ class TokenStream:
     attentions: int = 2
     split: bool = True
     activation_scale: float = 1.0
+    token_modulation: bool = False
 
     def __post_init__(self):
         if not self.activation_scale > 0:
@@ -53,13 +56,15 @@ class TokenStream:
 class Clip:
     """One training sample as the memory model sees it: ``grid`` (t, h, w) video patches, ``text_len`` text tokens,
     ``streams`` the objective trains, and the data's ``audio_shape`` (Ca, La, M) / ``reference_shape`` (C, T, H, W)
-    when it carries them (None: it does not say)."""
+    when it carries them (None: it does not say); ``token_timesteps``: the objective gives the network per-token times
+    (``FirstFrameFlowMatching``)."""
 
     grid: tuple[int, int, int]
     text_len: int = 512
     streams: tuple[str, ...] = ("video",)
     audio_shape: tuple[int, ...] | None = None
     reference_shape: tuple[int, int, int, int] | None = None
+    token_timesteps: bool = False
 
     def __post_init__(self):
         unknown = [s for s in self.streams if s not in STREAMS]
@@ -74,7 +79,8 @@ class Clip:
 def single_stream(cfg, clip: Clip, flops: Callable):
     """The declaration of a family with one video stream: ``cfg.hidden_size`` wide, its FFN ``cfg.ffn_size`` (or
     ``mlp_ratio x hidden_size``; SwiGLU, ``cfg.mlp == "swiglu"``, keeps 3 intermediates), a self- and a text
-    attention per block. Refuses an audio stream or reference tokens (the family has none)."""
+    attention per block, its modulation per token under per-token times. Refuses an audio stream or reference tokens
+    (the family has none)."""
     if clip.streams != ("video",) or clip.audio_shape is not None or clip.reference_shape is not None:
         raise ValueError(f"{type(cfg).__name__} has one video stream: the memory model cannot count an audio stream "
                          "or reference tokens for it (the objective trains "
@@ -82,5 +88,6 @@ def single_stream(cfg, clip: Clip, flops: Callable):
     width = getattr(cfg, "ffn_size", None) or int(getattr(cfg, "mlp_ratio", 4.0) * cfg.hidden_size)
     kept = 3 if getattr(cfg, "mlp", "gelu") == "swiglu" else 2
     s = clip.video_tokens
-    stream = TokenStream(name="video", tokens=s, hidden_size=cfg.hidden_size, ffn_size=width, ffn_tensors=kept)
+    stream = TokenStream(name="video", tokens=s, hidden_size=cfg.hidden_size, ffn_size=width, ffn_tensors=kept,
+                         token_modulation=clip.token_timesteps)
     return (stream,), flops(cfg, [s], [clip.text_len], [clip.grid])
