@@ -66,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -147,13 +148,29 @@ def _act_per_hidden(s) -> float:
     return ACT_PER_HIDDEN + ACT_PER_ATTENTION * (s.attentions - 2)
 
 
+def pinned(nbytes: float) -> int:
+    """Bytes of a pinned host tensor of ``nbytes``: PyTorch's caching host allocator rounds each one up to a power of
+    two (an activation-offloaded run took 1.6x its estimated host memory before this was counted, and the kernel's
+    OOM killer ended it: docs/benchmarks.md section 8)."""
+    return 0 if nbytes <= 0 else 1 << (math.ceil(nbytes) - 1).bit_length()
+
+
+def _saved(w: Workload, alloc=float) -> tuple[float, float]:
+    """(bytes an un-checkpointed block saves for backward, a checkpointed block's input), summed over the streams;
+    ``alloc``: what one saved tensor of so many bytes takes (:func:`pinned` on the host)."""
+    full = inp = 0.0
+    for s in w.streams:
+        h, f = alloc(2 * s.tokens * s.hidden_size), alloc(2 * s.tokens * s.ffn_size)
+        full += ((_act_per_hidden(s) + TOKEN_MODULATION * s.token_modulation) * h + s.ffn_tensors * f) * s.activation_scale
+        inp += h
+    return full, inp
+
+
 def _kept_activations(w: Workload, settings: MemorySettings) -> tuple[list[float], float, float]:
     """Bytes each block keeps for backward under ``settings`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
     un-checkpointed block's (what a checkpointed block recomputes)."""
-    full = sum(s.tokens * ((_act_per_hidden(s) + TOKEN_MODULATION * s.token_modulation) * s.hidden_size
-                           + s.ffn_tensors * s.ffn_size) * s.activation_scale for s in w.streams) * 2
-    inp = sum(s.tokens * s.hidden_size for s in w.streams) * 2
+    full, inp = _saved(w)
     checkpointed = _checkpointed(w, settings)
     moved = [inp if c else full for c in checkpointed]
     # save_attention keeps each stream's self-attention output (and those of attentions with more keys than queries:
@@ -211,13 +228,14 @@ def estimate_gib(w: Workload, s: MemorySettings) -> float:
 
 def host_gib(w: Workload, s: MemorySettings) -> float:
     """Estimated host GiB per process that the knobs of ``s`` keep: ``block_swap=N``, the frozen weights of N blocks
-    (pinned); ``activation_offload``, what the blocks save for backward (pinned); ``cpu_offload`` (FSDP2's
-    ``CPUOffloadPolicy``), this rank's shard of every weight, its fp32 gradient and the optimizer state. Not
-    counted: the process itself (Python, CUDA's host side, data workers); the headroom is left for it. Plus the
-    EMA copy's host share (:func:`ema_bytes`)."""
-    total = sum(p.frozen_bytes(s.frozen_dtype) for p in w.blocks[: s.block_swap])
+    (pinned, each weight rounded as :func:`pinned`); ``activation_offload``, what the blocks save for backward
+    (pinned, each saved tensor rounded); ``cpu_offload`` (FSDP2's ``CPUOffloadPolicy``), this rank's shard of every
+    weight, its fp32 gradient and the optimizer state (not rounded). Not counted: the process itself (Python, CUDA's
+    host side, data workers); the headroom is left for it. Plus the EMA copy's host share (:func:`ema_bytes`)."""
+    total = sum(p.pinned_bytes(s.frozen_dtype, pinned) for p in w.blocks[: s.block_swap])
     if s.activation_offload:
-        total += sum(_kept_activations(w, s)[0])
+        full, inp = _saved(w, pinned)
+        total += sum(inp if c else full for c in _checkpointed(w, s))
     if s.cpu_offload:
         params = (*w.blocks, w.outside)
         trainable = sum(p.trainable for p in params) * (4 + 4 + (8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES))

@@ -17,6 +17,7 @@ class Params:
     frozen_linear: int = 0  # frozen base weights of LoRA-adapted linears (what fp8 stores in one byte)
     frozen_rows: int = 0  # their output rows (fp8: one fp32 scale each)
     frozen_other: int = 0
+    frozen_sizes: tuple[tuple[int, int], ...] = ()  # per frozen tensor: (elements, output rows if an adapted linear)
 
     @property
     def total(self) -> int:
@@ -27,6 +28,13 @@ class Params:
         if frozen_dtype == "fp8":
             return self.frozen_linear + 4 * self.frozen_rows + 2 * self.frozen_other
         return frozen * (2 if frozen_dtype in ("bf16", "fp16") else 4)
+
+    def pinned_bytes(self, frozen_dtype: str | None, alloc) -> float:
+        """:meth:`frozen_bytes` with each tensor's bytes through ``alloc`` (one allocation per weight; fp8: its row
+        scales one more)."""
+        if frozen_dtype == "fp8":
+            return sum(alloc(n) + alloc(4 * rows) if rows else alloc(2 * n) for n, rows in self.frozen_sizes)
+        return sum(alloc(n * (2 if frozen_dtype in ("bf16", "fp16") else 4)) for n, _ in self.frozen_sizes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,14 +78,17 @@ def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
 
     def tally(params) -> Params:
         t = fl = fr = fo = 0
+        sizes = []
         for p in params:
             if p.requires_grad:
                 t += p.numel()
-            elif id(p) in rows:
+                continue
+            if id(p) in rows:
                 fl, fr = fl + p.numel(), fr + rows[id(p)]
             else:
                 fo += p.numel()
-        return Params(t, fl, fr, fo)
+            sizes.append((p.numel(), rows.get(id(p), 0)))
+        return Params(t, fl, fr, fo, tuple(sizes))
 
     blocks = tuple(tally(b.parameters()) for b in net.blocks)
     inside = {id(p) for b in net.blocks for p in b.parameters()}
