@@ -320,8 +320,8 @@ class Choice:
 def options(w: Workload, fixed: dict, *, mixed_precision: bool = True, torchao: bool = True, strategy: bool = True,
             offload: bool = True, fsdp: bool = True) -> dict[str, tuple]:
     """The values tried per knob. ``fixed`` (knob -> value: what the user set) is kept. ``strategy=False``: no
-    ``VFMParallelStrategy`` carries the strategy knobs; ``offload=False``: the layout takes no offloading (pipeline
-    parallelism); ``fsdp``: cpu_offload applies. Block swapping needs unsharded weights (``w.model_shards == 1``).
+    ``VFMParallelStrategy`` carries the strategy knobs; ``offload=False``: the layout takes no offloading and no count
+    of checkpointed blocks (pipeline parallelism: a stage holds some of the blocks); ``fsdp``: cpu_offload applies. Block swapping needs unsharded weights (``w.model_shards == 1``).
     ``block_swap`` ``None``: 0, then the fewest blocks that fit. ``activation_checkpointing_blocks`` ``None``: for
     ``full`` and ``save_attention``, every block, and the fewest checkpointed blocks that fit without block swapping
     (:func:`_ac_blocks`)."""
@@ -330,7 +330,7 @@ def options(w: Workload, fixed: dict, *, mixed_precision: bool = True, torchao: 
         raise ValueError(f"unknown memory knobs {sorted(unknown)}; the knobs are {sorted(DEFAULTS)}")
     offload = offload and strategy
     opts = {"activation_checkpointing": AC_MODES if strategy else ("none",),
-            "activation_checkpointing_blocks": None,
+            "activation_checkpointing_blocks": None if offload else (None,),
             "frozen_dtype": (None, "bf16", "fp8") if w.lora and mixed_precision else (None,),
             "activation_offload": (False, True) if offload else (False,),
             "block_swap": None if w.lora and offload and w.model_shards == 1 else (0,),

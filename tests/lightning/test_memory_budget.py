@@ -446,3 +446,13 @@ def test_an_ema_copy_lies_where_the_networks_weights_lie():
     full_ema = dataclasses.replace(full, ema=True)
     assert estimate_gib(full_ema, off) == estimate_gib(full, off)
     assert host_gib(full_ema, off) - host_gib(full, off) == pytest.approx(4 * 1.3e9 / 2 / 2**30, rel=0.1)
+
+
+def test_counts_of_checkpointed_blocks_are_searched_without_pipeline_stages(wan14b_lora):
+    """At 80 GiB the count is searched (one of the 40 blocks left un-checkpointed, estimated); a pipelined layout
+    (``offload=False``: a stage holds some of the blocks, so a count of the whole network's means nothing there) keeps
+    every block."""
+    searched = choose(wan14b_lora, 80, options(wan14b_lora, {}), headroom=HEADROOM).settings
+    assert searched.activation_checkpointing == SA and searched.activation_checkpointing_blocks == 39
+    staged = choose(wan14b_lora, 80, options(wan14b_lora, {}, offload=False), headroom=HEADROOM).settings
+    assert staged.activation_checkpointing == SA and staged.activation_checkpointing_blocks is None
