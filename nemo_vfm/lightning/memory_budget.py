@@ -6,7 +6,7 @@
 knobs stay as set).
 
 What it chooses: ``trainer.strategy.activation_checkpointing`` (none / save_attention / selective / full; for full and
-save_attention every block or the fewest blocks that fit, ``activation_checkpointing_blocks``),
+save_attention every block or the fastest count of blocks that fits, ``activation_checkpointing_blocks``),
 ``lora.frozen_dtype`` (None / bf16 / fp8; LoRA under a ``*-mixed`` precision), ``trainer.strategy.activation_offload``,
 ``trainer.strategy.block_swap`` (0..blocks; LoRA: frozen block weights in pinned CPU memory),
 ``trainer.strategy.cpu_offload`` (full fine-tuning with FSDP) and ``optim.name="adamw8bit"`` (full fine-tuning, torchao
@@ -321,10 +321,10 @@ def options(w: Workload, fixed: dict, *, mixed_precision: bool = True, torchao: 
             offload: bool = True, fsdp: bool = True) -> dict[str, tuple]:
     """The values tried per knob. ``fixed`` (knob -> value: what the user set) is kept. ``strategy=False``: no
     ``VFMParallelStrategy`` carries the strategy knobs; ``offload=False``: the layout takes no offloading and no count
-    of checkpointed blocks (pipeline parallelism: a stage holds some of the blocks); ``fsdp``: cpu_offload applies. Block swapping needs unsharded weights (``w.model_shards == 1``).
-    ``block_swap`` ``None``: 0, then the fewest blocks that fit. ``activation_checkpointing_blocks`` ``None``: for
-    ``full`` and ``save_attention``, every block, and the fewest checkpointed blocks that fit without block swapping
-    (:func:`_ac_blocks`)."""
+    of checkpointed blocks (pipeline parallelism: a stage holds some of the blocks); ``fsdp``: cpu_offload applies.
+    Block swapping needs unsharded weights (``w.model_shards == 1``). ``block_swap`` ``None``: 0, then the fewest
+    blocks that fit. ``activation_checkpointing_blocks`` ``None``: for ``full`` and ``save_attention``, every block
+    and the fastest count that fits without block swapping (:func:`_ac_blocks`)."""
     unknown = set(fixed) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"unknown memory knobs {sorted(unknown)}; the knobs are {sorted(DEFAULTS)}")

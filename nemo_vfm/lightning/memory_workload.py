@@ -115,6 +115,10 @@ def workload(model_config, data, lora=None, *, model_shards: int = 1, token_shar
                 token_timesteps=token_timesteps,
                 audio_shape=getattr(data, "audio_shape", None), reference_shape=getattr(data, "reference_shape", None))
     per_sample, flops = spec.memory_streams(model_config, clip, spec.flops)
+    if token_timesteps and not any(s.token_modulation for s in per_sample):
+        raise NotImplementedError(f"the objective gives per-token times, and the {spec.name} family's memory_streams "
+                                  "does not count per-token modulation; unset trainer.memory_budget_gb and set the "
+                                  "memory knobs yourself")
     samples = data.batch_size * (max(1, data.max_seq_length // clip.video_tokens) if data.max_seq_length else 1)
     per_gpu = tuple(dataclasses.replace(s, tokens=max(1, samples * s.tokens // (token_shards if s.split else 1))
                                         if s.tokens else 0) for s in per_sample)

@@ -213,3 +213,19 @@ def test_train_hands_its_objective_to_the_chooser(monkeypatch, tmp_path):
                                             objective=o, host_limit_gib=None, lora=LoRAConfig(rank=1))[0].gib
            for o in (AudioVideoFlowMatching(), AudioVideoFlowMatching(video_only=True))}
     assert gib[True] < gib[False]
+
+
+def test_per_token_times_count_where_the_family_declares_them(ltx2_lora):
+    """Wan 2.2 TI2V-5B's objective gives per-token times: its stream counts the per-token modulation (a larger
+    estimate for an un-checkpointed block, the same with every block's recomputation dropped); a family whose
+    streams cannot count it (LTX-2 declares its own) is refused, never under-estimated."""
+    from nemo_vfm.models.wan.flavors import wan_config, wan_objective
+
+    assert wan_objective("ti2v_5b").token_timesteps and not hasattr(wan_objective("t2v_1_3b"), "token_timesteps")
+    cfg, data = wan_config("ti2v_5b"), _data((48, 31, 44, 80))
+    plain, per_token = (workload(cfg, data, token_timesteps=t) for t in (False, True))
+    assert per_token.streams[0].token_modulation and not plain.streams[0].token_modulation
+    none = MemorySettings(activation_checkpointing="none")
+    assert estimate_gib(per_token, none) > estimate_gib(plain, none) + 30  # 30 blocks x 27,280 x 3072 x 29 B
+    with pytest.raises(NotImplementedError, match="per-token times.*ltx2 family's memory_streams"):
+        workload(ltx2_lora["model"], _data(LTX2_LATENT), ltx2_lora["lora"], token_timesteps=True)
