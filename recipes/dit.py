@@ -140,7 +140,8 @@ def pretrain_7b() -> run.Partial:
     """DiT-7B (28 layers, 4096 hidden, 32 heads, AdaLN-LoRA 256), 8,192 tokens per sample (32x32x32 latents),
     FSDP over every GPU, no TP (``parallel.layout_7b``), activation checkpointing chosen for the GPU's memory
     (``trainer.memory_budget_gb="auto"``; AdamW kept): on 4 x 141 GB none (45.4-46.7% MFU, 81.8 GiB), on 80 GB
-    selective (40.7% MFU, 58.8 GiB on 4 H200s; 40.2% on 4 H100s); the paper's TP2 + SP: 29-31% (docs/benchmarks.md
+    ``save_attention`` on the first 7 of 28 blocks (estimated 70.6 GiB, not run; ``selective``, the choice before:
+    40.7% MFU, 58.8 GiB on 4 H200s, 40.2% on 4 H100s); the paper's TP2 + SP: 29-31% (docs/benchmarks.md
     sections 7 and 8). Needs 4 or more GPUs of 80 GB (by count, not run on 2: weights, gradients, AdamW state and EMA
     take 20 bytes a parameter, sharded over the GPUs in any layout).
     The paper's layout: ``trainer.strategy.tensor_model_parallel_size=2 trainer.strategy.sequence_parallel=true``.

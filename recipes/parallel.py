@@ -119,7 +119,8 @@ def with_float8(recipe: run.Partial, scaling: str = "tensorwise", modules: str =
 # -- default layouts (per 8-GPU node; the leftover ranks become FSDP data parallel) ------------------
 def layout_7b(recipe: run.Partial, context: str = "8k", tp: int | None = None) -> run.Partial:
     """DiT-7B on 80 GB GPUs: selective activation checkpointing at 8k tokens (``pretrain_7b`` adds
-    ``trainer.memory_budget_gb="auto"``, which drops it on 141 GB cards). At 8k tokens FSDP over every GPU, no TP
+    ``trainer.memory_budget_gb="auto"``, which chooses for the card: none on 141 GB, ``save_attention`` on 7 of the 28
+    blocks on 80 GB). At 8k tokens FSDP over every GPU, no TP
     (``tp`` default 1): faster per GPU than the paper's TP2 + SP + FSDP (docs/benchmarks.md section 7); at this width TP's collectives sit between the GEMMs and cost
     about what TP divides. Either layout shards the weights, gradients, AdamW state and EMA (20 bytes a parameter)
     over every GPU, so 4 GPUs of 80 GB are the fewest (at 2, ~74 GiB of state alone; measured peaks in
