@@ -150,7 +150,7 @@ def _act_per_hidden(s) -> float:
 
 def pinned(nbytes: float) -> int:
     """Bytes of a pinned host tensor of ``nbytes``: PyTorch's caching host allocator rounds each one up to a power of
-    two (an activation-offloaded run took 1.6x its estimated host memory before this was counted, and the kernel's
+    two (an activation-offloaded run passed 1.6x its estimated host memory before this was counted, and the kernel's
     OOM killer ended it: docs/benchmarks.md section 8)."""
     return 0 if nbytes <= 0 else 1 << (math.ceil(nbytes) - 1).bit_length()
 
@@ -166,11 +166,11 @@ def _saved(w: Workload, alloc=float) -> tuple[float, float]:
     return full, inp
 
 
-def _kept_activations(w: Workload, settings: MemorySettings) -> tuple[list[float], float, float]:
+def _kept_activations(w: Workload, settings: MemorySettings, alloc=float) -> tuple[list[float], float, float]:
     """Bytes each block keeps for backward under ``settings`` that activation offloading moves to the host, bytes kept
     on the device in any case (``save_attention``'s attention outputs stay in checkpointing's cache), and one
-    un-checkpointed block's (what a checkpointed block recomputes)."""
-    full, inp = _saved(w)
+    un-checkpointed block's (what a checkpointed block recomputes); ``alloc`` as :func:`_saved`."""
+    full, inp = _saved(w, alloc)
     checkpointed = _checkpointed(w, settings)
     moved = [inp if c else full for c in checkpointed]
     # save_attention keeps each stream's self-attention output (and those of attentions with more keys than queries:
@@ -232,10 +232,9 @@ def host_gib(w: Workload, s: MemorySettings) -> float:
     (pinned, each saved tensor rounded); ``cpu_offload`` (FSDP2's ``CPUOffloadPolicy``), this rank's shard of every
     weight, its fp32 gradient and the optimizer state (not rounded). Not counted: the process itself (Python, CUDA's
     host side, data workers); the headroom is left for it. Plus the EMA copy's host share (:func:`ema_bytes`)."""
-    total = sum(p.pinned_bytes(s.frozen_dtype, pinned) for p in w.blocks[: s.block_swap])
+    total = sum(p.frozen_bytes(s.frozen_dtype, pinned) for p in w.blocks[: s.block_swap])
     if s.activation_offload:
-        full, inp = _saved(w, pinned)
-        total += sum(inp if c else full for c in _checkpointed(w, s))
+        total += sum(_kept_activations(w, s, pinned)[0])
     if s.cpu_offload:
         params = (*w.blocks, w.outside)
         trainable = sum(p.trainable for p in params) * (4 + 4 + (8 if s.optim_name == "adamw" else ADAMW8BIT_BYTES))

@@ -5,36 +5,48 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from nemo_vfm.models.common.memory import Clip, TokenStream
 
 
 @dataclass(frozen=True)
 class Params:
-    """Parameter counts of one block (or of everything outside the blocks)."""
+    """Parameter counts of one block (or of everything outside the blocks): ``trainable`` elements, and per frozen
+    tensor ``(elements, output rows)``, the rows > 0 for the base weight of a LoRA-adapted linear (what fp8 stores
+    in one byte, with one fp32 scale per row)."""
 
     trainable: int = 0
-    frozen_linear: int = 0  # frozen base weights of LoRA-adapted linears (what fp8 stores in one byte)
-    frozen_rows: int = 0  # their output rows (fp8: one fp32 scale each)
-    frozen_other: int = 0
-    frozen_sizes: tuple[tuple[int, int], ...] = ()  # per frozen tensor: (elements, output rows if an adapted linear)
+    frozen_sizes: tuple[tuple[int, int], ...] = ()
+
+    @cached_property
+    def frozen_linear(self) -> int:
+        return sum(n for n, rows in self.frozen_sizes if rows)
+
+    @cached_property
+    def frozen_rows(self) -> int:
+        return sum(rows for _, rows in self.frozen_sizes)
+
+    @cached_property
+    def frozen_other(self) -> int:
+        return sum(n for n, rows in self.frozen_sizes if not rows)
 
     @property
     def total(self) -> int:
         return self.trainable + self.frozen_linear + self.frozen_other
 
-    def frozen_bytes(self, frozen_dtype: str | None) -> float:
-        frozen = self.frozen_linear + self.frozen_other
+    def frozen_bytes(self, frozen_dtype: str | None, alloc=None) -> float:
+        """Bytes of the frozen weights stored as ``frozen_dtype`` (None: fp32); ``alloc``: each tensor's bytes
+        through it (one allocation per weight, fp8 its row scales one more; the pinned host copies of block
+        swapping)."""
+        width = 2 if frozen_dtype in ("bf16", "fp16") else 4
+        if alloc is not None:
+            if frozen_dtype == "fp8":
+                return sum(alloc(n) + alloc(4 * rows) if rows else alloc(2 * n) for n, rows in self.frozen_sizes)
+            return sum(alloc(width * n) for n, _ in self.frozen_sizes)
         if frozen_dtype == "fp8":
             return self.frozen_linear + 4 * self.frozen_rows + 2 * self.frozen_other
-        return frozen * (2 if frozen_dtype in ("bf16", "fp16") else 4)
-
-    def pinned_bytes(self, frozen_dtype: str | None, alloc) -> float:
-        """:meth:`frozen_bytes` with each tensor's bytes through ``alloc`` (one allocation per weight; fp8: its row
-        scales one more)."""
-        if frozen_dtype == "fp8":
-            return sum(alloc(n) + alloc(4 * rows) if rows else alloc(2 * n) for n, rows in self.frozen_sizes)
-        return sum(alloc(n * (2 if frozen_dtype in ("bf16", "fp16") else 4)) for n, _ in self.frozen_sizes)
+        return width * (self.frozen_linear + self.frozen_other)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,18 +89,9 @@ def count_params(model_config, lora=None) -> tuple[tuple[Params, ...], Params]:
     rows = {id(m.base.weight): m.base.out_features for m in net.modules() if isinstance(m, LoRALinear)}
 
     def tally(params) -> Params:
-        t = fl = fr = fo = 0
-        sizes = []
-        for p in params:
-            if p.requires_grad:
-                t += p.numel()
-                continue
-            if id(p) in rows:
-                fl, fr = fl + p.numel(), fr + rows[id(p)]
-            else:
-                fo += p.numel()
-            sizes.append((p.numel(), rows.get(id(p), 0)))
-        return Params(t, fl, fr, fo, tuple(sizes))
+        params = list(params)
+        return Params(sum(p.numel() for p in params if p.requires_grad),
+                      tuple((p.numel(), rows.get(id(p), 0)) for p in params if not p.requires_grad))
 
     blocks = tuple(tally(b.parameters()) for b in net.blocks)
     inside = {id(p) for b in net.blocks for p in b.parameters()}

@@ -256,12 +256,12 @@ def test_host_memory_of_each_knob():
     # (142 MB -> 256 MiB), plus norms and biases: 1.0 GiB pinned for 0.65 GiB of weights
     sizes = sorted({n for n, _ in lora.blocks[0].frozen_sizes if n > 10**6})
     assert sizes == [5120 * 5120, 5120 * 13824]
-    per_block = lora.blocks[0].pinned_bytes("bf16", pinned) / GIB
+    per_block = lora.blocks[0].frozen_bytes("bf16", pinned) / GIB
     assert per_block == pytest.approx(8 * 64 / 1024 + 2 * 256 / 1024, rel=1e-3)
     assert per_block > 1.5 * lora.blocks[0].frozen_bytes("bf16") / GIB
     assert host_gib(lora, MemorySettings(frozen_dtype="bf16")) == 0
     assert host_gib(lora, MemorySettings(frozen_dtype="bf16", block_swap=10)) == pytest.approx(10 * per_block)
-    fp8 = lora.blocks[0].pinned_bytes("fp8", pinned)  # 1-byte weights and their fp32 row scales, 2-byte rest
+    fp8 = lora.blocks[0].frozen_bytes("fp8", pinned)  # 1-byte weights and their fp32 row scales, 2-byte rest
     assert fp8 == pytest.approx(8 * (2**25 + 2**15) + (2**27 + 2**16) + (2**27 + 2**15), rel=1e-3)  # FFN rows 13824, 5120
     offload = host_gib(lora, MemorySettings(activation_checkpointing="full", activation_offload=True))
     assert offload == pytest.approx(40 * 0.5)  # 40 checkpointed blocks' bf16 inputs: 32,760 x 5120 x 2 B -> 512 MiB
