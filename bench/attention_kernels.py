@@ -36,6 +36,8 @@ SHAPES = {
     "dit_7b_74k_cp4": (1, 8, 73728, 128, True),  # pretrain_7b at 72x64x64 latents, CP4 a2a: a rank's 8 of 32 heads
     "dit_xl_t2v_2k": (8, 16, 2048, 72, True),  # pretrain_xl, 2,048 tokens, batch 8
     "dit_xl2_256": (176, 16, 256, 72, True),  # pretrain_xl2_256, batch 176
+    "stdit_xl_cp4_spatial": (18, 16, 1024, 72, True),  # pretrain_stdit_xl at 72x64x64, hybrid CP4: a rank's 18 frames
+    "stdit_xl_cp4_temporal": (256, 16, 72, 72, True),  # the same after the all-to-all: 256 locations x 72 frames
     "tiny": (1, 2, 64, 16, True),  # CPU smoke run (what tests/bench does)
 }
 
