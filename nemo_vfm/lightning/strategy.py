@@ -337,6 +337,8 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
         """On CUDA the batch is copied on a side stream that the compute stream then waits for: the host runs
         ahead of the GPU, so the copy of step N+1's batch (from pinned memory) overlaps step N's kernels
         instead of queueing behind them on the compute stream."""
+        prepare = getattr(self.lightning_module, "prepare_host_batch", None)
+        batch = prepare(batch) if prepare is not None else batch
         device = torch.device(device) if device is not None else self.root_device
         if device.type != "cuda":
             return super().batch_to_device(batch, device, dataloader_idx)

@@ -68,6 +68,10 @@ class VideoStem(nn.Module):
     """
 
     display_name = "model"  # names the network in errors ("DiT", "ST-DiT", "MovieGen")
+    # Text reaches the blocks only through CrossAttention, where a sample whose mask is all False attends to every
+    # (zero) position: so a mask that is all True in every row reads the same as no mask, and the training module
+    # drops it on the host (DiffusionModule.prepare_host_batch): cuDNN's attention then runs without a bias.
+    text_mask_droppable = True
 
     def __init__(self, cfg):
         super().__init__()
