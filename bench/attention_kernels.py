@@ -3,11 +3,16 @@
 Each backend is selected as training and ``vfm generate`` select it (``nemo_vfm.parallel.sdpa_backend``) and
 called through ``F.scaled_dot_product_attention`` on contiguous ``(B, H, S, D)`` bf16 tensors. Reported per
 shape and backend: forward and forward + backward milliseconds (median of CUDA-event timings after warm-up;
-the first call is timed apart), TFLOP/s (4 B H S^2 D forward, 2.5x that for the backward), and the relative
+the first call is timed apart), TFLOP/s (4 B H S L D forward, 2.5x that for the backward), and the relative
 error of the output and of dq/dk/dv for one head against fp32 math attention.
+
+Cross-attention shapes (``CROSS``: S video queries, L = 512 text keys) run under each of ``--masks``: ``none``, ``bool``
+(the ``(B, 1, 1, L)`` all-True key mask ``CrossAttention`` passes for a padding mask) or ``float`` (the same as an
+additive 0 / -inf bias).
 
     python bench/attention_kernels.py --out bench/results/attention_kernels_h100.json
     python bench/attention_kernels.py --shapes wan_1_3b_infer --backends cudnn
+    python bench/attention_kernels.py --shapes stdit_xl_cross_18k --backends cudnn --masks none,bool,float
     python bench/attention_kernels.py --device cpu --shapes tiny --backends default   # CPU smoke run
 """
 
@@ -40,6 +45,14 @@ SHAPES = {
     "stdit_xl_cp4_temporal": (256, 16, 72, 72, True),  # the same after the all-to-all: 256 locations x 72 frames
     "tiny": (1, 2, 64, 16, True),  # CPU smoke run (what tests/bench does)
 }
+# name: (B, H, S, D, backward, L) -- cross-attention of S video tokens to L text tokens
+CROSS = {
+    "stdit_xl_cross_18k": (1, 16, 18432, 72, True, 512),  # pretrain_stdit_xl, a hybrid CP4 rank at 72x64x64
+    "dit_7b_cross_8k": (1, 32, 8192, 128, True, 512),  # pretrain_7b
+    "dit_xl_cross_2k": (8, 16, 2048, 72, True, 512),  # pretrain_xl, batch 8
+    "tiny_cross": (2, 2, 64, 16, True, 8),
+}
+MASKS = ("none", "bool", "float")
 
 
 def _median_ms(fn, warmup: int, iters: int, device: torch.device) -> float:
@@ -53,25 +66,37 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.float() - ref).norm() / ref.norm()).item()
 
 
-def measure(backend: str, shape: tuple, warmup: int, iters: int, device: torch.device) -> dict:
-    """Timings and errors of one backend at one ``(B, H, S, D, backward)`` shape (on the CPU: PyTorch's own
-    kernel whatever ``backend`` says)."""
+def _key_mask(kind: str, B: int, L: int, device: torch.device) -> torch.Tensor | None:
+    """The all-True ``(B, 1, 1, L)`` key mask as ``kind`` (None, bool, or an additive bf16 bias)."""
+    if kind not in MASKS:
+        raise SystemExit(f"unknown mask {kind!r}; choose from {MASKS}")
+    keep = torch.ones(B, 1, 1, L, dtype=torch.bool, device=device)
+    if kind == "bool":
+        return keep
+    return torch.zeros(B, 1, 1, L, dtype=torch.bfloat16, device=device) if kind == "float" else None
+
+
+def measure(backend: str, shape: tuple, warmup: int, iters: int, device: torch.device, mask: str = "none") -> dict:
+    """Timings and errors of one backend at one ``(B, H, S, D, backward[, L])`` shape (on the CPU: PyTorch's own
+    kernel whatever ``backend`` says); ``mask``: the key mask of a cross-attention shape (``MASKS``)."""
     from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
 
-    B, H, S, D, bwd = shape
+    B, H, S, D, bwd = shape[:5]
+    L = shape[5] if len(shape) > 5 else S
     if device.type == "cuda":
         select_sdpa_backend(backend)
     g = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g).requires_grad_(bwd)
-               for _ in range(3))
+    q, k, v = (torch.randn(B, H, n, D, device=device, dtype=torch.bfloat16, generator=g).requires_grad_(bwd)
+               for n in (S, L, L))
     dout = torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g)
+    attn_mask = _key_mask(mask, B, L, device)
 
     def fwd():
         with torch.no_grad():
-            return (F.scaled_dot_product_attention(q, k, v),)
+            return (F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask),)
 
     def fwd_bwd():
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return torch.autograd.grad(out, (q, k, v), dout)
 
     t0 = time.perf_counter()
@@ -88,7 +113,7 @@ def measure(backend: str, shape: tuple, warmup: int, iters: int, device: torch.d
         ref_grads = torch.autograd.grad(ref, (q1, k1, v1), dout[:1, :1].float())
         res["grad_rel_err"] = max(_rel(a[:1, :1], r) for a, r in zip(grads, ref_grads))
     del out, grads, ref, q1, k1, v1
-    flops = 4 * B * H * S * S * D
+    flops = 4 * B * H * S * L * D
     ms = _median_ms(fwd, warmup, iters, device)
     res.update(fwd_ms=ms, fwd_tflops=flops / ms / 1e9)
     if bwd:
@@ -102,6 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=",".join(n for n in SHAPES if n != "tiny"), help=f"comma list of {sorted(SHAPES)}")
     p.add_argument("--device", default="cuda")
     p.add_argument("--backends", default="cudnn,flash", help="comma list of SDPA backends (sdpa_backend.SDPA_BACKENDS)")
+    p.add_argument("--masks", default="none", help=f"comma list of {MASKS}: the key masks of the cross-attention shapes")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--commit")
@@ -110,19 +136,24 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run on a GPU, or --device cpu --shapes tiny for a smoke run")
-    results = {}
+    results, shapes = {}, {**SHAPES, **CROSS}
     for name in a.shapes.split(","):
-        if name not in SHAPES:
-            raise SystemExit(f"unknown shape {name!r}; choose from {sorted(SHAPES)}")
-        results[name] = {"shape_BHSD": list(SHAPES[name][:4]), "backward": SHAPES[name][4]}
+        if name not in shapes:
+            raise SystemExit(f"unknown shape {name!r}; choose from {sorted(shapes)}")
+        shape = shapes[name]
+        results[name] = {"shape_BHSD": list(shape[:4]), "backward": shape[4]}
+        if name in CROSS:
+            results[name]["text_tokens"] = shape[5]
         for backend in a.backends.split(","):
-            try:
-                results[name][backend] = measure(backend, SHAPES[name], a.warmup, a.iters, device)
-            except Exception as e:  # a kernel that does not support the shape is recorded, the others go on
-                results[name][backend] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-            print(name, backend, results[name][backend], flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            for mask in a.masks.split(",") if name in CROSS else ["none"]:
+                key = backend if name not in CROSS else f"{backend}_mask_{mask}"
+                try:
+                    results[name][key] = measure(backend, shape, a.warmup, a.iters, device, mask)
+                except Exception as e:  # a kernel that does not support the shape is recorded, the others go on
+                    results[name][key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(name, key, results[name][key], flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     if a.out:
         write_json(a.out, environment(device, a.commit), results)
     return 0

@@ -85,3 +85,26 @@ def test_strategy_prepares_the_batch_on_the_host_before_the_copy():
                     sample_keys=["a", "b"], meta=[{}, {}])
     out = strategy.batch_to_device(vb, "cpu")
     assert isinstance(out, VideoBatch) and out.context_mask is None and torch.equal(out.latents, x)
+
+
+@pytest.mark.gpu
+def test_compiled_cuda_blocks_read_an_all_true_mask_as_none():
+    """On the GPU the masked and unmasked cross-attention are different cuDNN kernels (with and without a bias):
+    the compiled network gives the same output either way, up to bf16 rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from nemo_vfm.parallel.compile import compile_blocks
+    from nemo_vfm.parallel.sdpa_backend import select_sdpa_backend
+
+    select_sdpa_backend("cudnn")
+    torch.manual_seed(0)
+    net = dit_config("tiny", in_channels=4, context_dim=CTX, hidden_size=256, num_heads=4).build("cuda")
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.05)
+    compile_blocks(net.blocks)
+    x, t, ctx = (v.cuda() for v in _inputs())
+    full = torch.ones(2, 5, dtype=torch.bool, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        a, b = net(x, t, ctx, full).float(), net(x, t, ctx, None).float()
+    assert (a - b).norm() / b.norm() < 2e-2
