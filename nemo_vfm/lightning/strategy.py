@@ -336,7 +336,8 @@ class VFMParallelStrategy(PipelineStages, ModelParallelStrategy):
     def batch_to_device(self, batch, device=None, dataloader_idx: int = 0):
         """On CUDA the batch is copied on a side stream that the compute stream then waits for: the host runs
         ahead of the GPU, so the copy of step N+1's batch (from pinned memory) overlaps step N's kernels
-        instead of queueing behind them on the compute stream."""
+        instead of queueing behind them on the compute stream. The module's ``prepare_host_batch`` (where it has
+        one) sees the batch first, on the host."""
         prepare = getattr(self.lightning_module, "prepare_host_batch", None)
         batch = prepare(batch) if prepare is not None else batch
         device = torch.device(device) if device is not None else self.root_device
