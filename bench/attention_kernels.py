@@ -6,9 +6,9 @@ shape and backend: forward and forward + backward milliseconds (median of CUDA-e
 the first call is timed apart), TFLOP/s (4 B H S L D forward, 2.5x that for the backward), and the relative
 error of the output and of dq/dk/dv for one head against fp32 math attention.
 
-Cross-attention shapes (``CROSS``: S video queries, L = 512 text keys) run under each of ``--masks``: ``none``, ``bool``
-(the ``(B, 1, 1, L)`` all-True key mask ``CrossAttention`` passes for a padding mask) or ``float`` (the same as an
-additive 0 / -inf bias).
+Cross-attention shapes (``CROSS``: S video queries against L text keys) run under each of ``--masks``: ``none``,
+``bool`` (an all-True ``(B, 1, 1, L)`` key mask, as ``CrossAttention`` passes a padding mask) or ``float`` (the same
+mask as an additive bf16 bias of zeros).
 
     python bench/attention_kernels.py --out bench/results/attention_kernels_h100.json
     python bench/attention_kernels.py --shapes wan_1_3b_infer --backends cudnn
@@ -67,12 +67,9 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _key_mask(kind: str, B: int, L: int, device: torch.device) -> torch.Tensor | None:
-    """The all-True ``(B, 1, 1, L)`` key mask as ``kind`` (None, bool, or an additive bf16 bias)."""
-    if kind not in MASKS:
-        raise SystemExit(f"unknown mask {kind!r}; choose from {MASKS}")
-    keep = torch.ones(B, 1, 1, L, dtype=torch.bool, device=device)
+    """The all-True ``(B, 1, 1, L)`` key mask as ``kind`` of :data:`MASKS` (None, bool, or an additive bf16 bias)."""
     if kind == "bool":
-        return keep
+        return torch.ones(B, 1, 1, L, dtype=torch.bool, device=device)
     return torch.zeros(B, 1, 1, L, dtype=torch.bfloat16, device=device) if kind == "float" else None
 
 
@@ -124,7 +121,8 @@ def measure(backend: str, shape: tuple, warmup: int, iters: int, device: torch.d
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default=",".join(n for n in SHAPES if n != "tiny"), help=f"comma list of {sorted(SHAPES)}")
+    p.add_argument("--shapes", default=",".join(n for n in SHAPES if n != "tiny"),
+                   help=f"comma list of {sorted(SHAPES)} and the cross-attention shapes {sorted(CROSS)}")
     p.add_argument("--device", default="cuda")
     p.add_argument("--backends", default="cudnn,flash", help="comma list of SDPA backends (sdpa_backend.SDPA_BACKENDS)")
     p.add_argument("--masks", default="none", help=f"comma list of {MASKS}: the key masks of the cross-attention shapes")
@@ -137,6 +135,9 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run on a GPU, or --device cpu --shapes tiny for a smoke run")
     results, shapes = {}, {**SHAPES, **CROSS}
+    bad = [m for m in a.masks.split(",") if m not in MASKS]
+    if bad:
+        raise SystemExit(f"unknown mask {bad[0]!r}; choose from {MASKS}")
     for name in a.shapes.split(","):
         if name not in shapes:
             raise SystemExit(f"unknown shape {name!r}; choose from {sorted(shapes)}")
