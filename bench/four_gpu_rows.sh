@@ -7,8 +7,10 @@
 # GROUP: equivalence (every 4-GPU layout against one process, NCCL), xl (pretrain_xl N=1 and N=4, then N=4 with
 # symmetric-memory buckets), 7b (pretrain_7b N=4, profiled; then with symmetric-memory FSDP2 buffers), 74k (DiT-7B
 # at 73,728 tokens on CP4 all-to-all: the recipe's memory budget, then head groups of 2), stdit (ST-DiT-XL hybrid
-# and ring CP4), wan480 / wan720 (finetune_wan_14b at 480p / 720p x 81 frames, random weights, mock data).
-# Every row runs the user's command (bench/scaling.py -> torchrun launchers/train.py) and writes its JSON to OUTDIR.
+# and ring CP4), wan480 / wan720 (finetune_wan_14b at 480p / 720p x 81 frames, random weights, mock data; 720p with
+# full recompute, as its row in docs/benchmarks.md ran). Every row runs the user's command (bench/scaling.py ->
+# torchrun launchers/train.py) and writes its JSON to OUTDIR. PYTHON names the interpreter (default python3, the one that
+# holds PyTorch on the GPU machines).
 set -euo pipefail
 group=${1:?group: equivalence, xl, 7b, 74k, stdit, wan480 or wan720}
 out=${2:?output folder}
@@ -19,7 +21,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 row() {  # row NAME ARGS...: one bench/scaling.py run into OUTDIR/NAME_4xh200_COMMIT.json
     local name=$1
     shift
-    python bench/scaling.py --commit "$commit" --plot "/tmp/$name.png" "$@" --out "$out/${name}_4xh200_$commit.json"
+    "${PYTHON:-python3}" bench/scaling.py --commit "$commit" --plot "/tmp/$name.png" "$@" --out "$out/${name}_4xh200_$commit.json"
 }
 
 latent74k=(--set data.num_frames=72 --set data.height=64 --set data.width=64)

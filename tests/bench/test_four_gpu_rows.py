@@ -16,7 +16,7 @@ def _run(group: str, tmp_path: Path):
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
     log = tmp_path / "calls.log"
-    for name in ("python", "torchrun"):  # record the command line and the multicast variables
+    for name in ("python3", "torchrun"):  # record the command line and the multicast variables
         (stub / name).write_text(f'#!/bin/sh\necho "{name} $NCCL_NVLS_ENABLE$TORCH_SYMM_MEM_DISABLE_MULTICAST '
                                  f'$* OUT=$OUT" >> {log}\n')
         (stub / name).chmod(0o755)

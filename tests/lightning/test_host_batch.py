@@ -75,7 +75,7 @@ def test_prepare_host_batch_drops_only_all_true_masks_of_droppable_networks():
 
 def test_strategy_prepares_the_batch_on_the_host_before_the_copy():
     module = _module(_net("stdit"))
-    strategy = VFMParallelStrategy(compile=False)
+    strategy = VFMParallelStrategy()  # the recipes' defaults (compile='auto': eager on the CPU)
     strategy._lightning_module = module
     x, _, ctx = _inputs()
     out = strategy.batch_to_device({"latents": x, "context": ctx, "context_mask": torch.ones(2, 5, dtype=torch.bool)},
